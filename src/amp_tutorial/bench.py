@@ -1,0 +1,210 @@
+"""``pdm run bench``: the seed's fp32-vs-AMP comparison outside Jupyter, measured correctly.
+
+For fp32 and every AMP dtype the device supports it reports training and inference time per step
+(median and interquartile range over the timed steps, after warm-up), peak allocator memory where
+the device has one, saved-activation bytes (every device), the final loss and ratios against fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from amp_tutorial.data import make_problem
+from amp_tutorial.device import (
+    DeviceInfo,
+    DeviceNotAvailableError,
+    dtype_name,
+    fp32_baseline,
+    select_device,
+    set_strict_fp32,
+)
+from amp_tutorial.measure import (
+    Timing,
+    peak_memory_bytes,
+    reset_peak_memory,
+    saved_activation_bytes,
+    time_steps,
+)
+from amp_tutorial.models import ConvModel
+from amp_tutorial.presets import Preset, UnknownPresetError, get_preset
+from amp_tutorial.training import make_inference_step, make_train_step
+
+SEED = 0
+LEARNING_RATE = 1e-3
+
+
+@dataclass
+class ModeResult:
+    """What one precision mode measured; times in seconds per step, memory in bytes."""
+
+    mode: str
+    amp_dtype: str | None
+    grad_scaler: bool
+    train_median_s: float
+    train_iqr_s: float
+    infer_median_s: float
+    infer_iqr_s: float
+    train_peak_bytes: int | None
+    infer_peak_bytes: int | None
+    saved_activation_bytes: int
+    final_loss: float
+    train_speedup: float = 1.0  # t_fp32 / t_mode
+    infer_speedup: float = 1.0
+    activation_ratio: float = 1.0  # bytes_mode / bytes_fp32
+    train_peak_ratio: float | None = None
+    infer_peak_ratio: float | None = None
+
+
+def run_mode(
+    info: DeviceInfo,
+    preset: Preset,
+    amp_dtype: torch.dtype | None,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    progress: bool = True,
+) -> ModeResult:
+    """Train and then time inference of a fresh, identically seeded model in one precision mode."""
+    label = dtype_name(amp_dtype) if amp_dtype else fp32_baseline(info)
+    torch.manual_seed(SEED)
+    reset_peak_memory(info.device)
+    model = ConvModel(preset.hidden, preset.n_hidden_layers).to(info.device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
+    use_scaler = amp_dtype is not None and info.needs_grad_scaler(amp_dtype)
+    scaler = torch.amp.GradScaler(info.type) if use_scaler else None
+    train_step = make_train_step(model, optimizer, inputs, targets, amp_dtype, scaler)
+    train_timing, losses = time_steps(train_step, preset.steps, info.device, preset.warmup,
+                                      desc=f"train {label}", progress=progress)
+    train_peak = peak_memory_bytes(info.device)
+
+    def forward_and_loss() -> None:
+        with torch.autocast(info.type, dtype=amp_dtype or torch.float32,
+                            enabled=amp_dtype is not None):
+            torch.nn.functional.mse_loss(model(inputs), targets)
+
+    activation_bytes = saved_activation_bytes(forward_and_loss)
+
+    del optimizer, scaler, train_step
+    reset_peak_memory(info.device)
+    infer_step = make_inference_step(model, inputs, amp_dtype)
+    infer_timing, _ = time_steps(infer_step, preset.inference_steps, info.device, preset.warmup,
+                                 desc=f"infer {label}", progress=progress)
+    infer_peak = peak_memory_bytes(info.device)
+    return ModeResult(
+        mode=label,
+        amp_dtype=dtype_name(amp_dtype) if amp_dtype else None,
+        grad_scaler=use_scaler,
+        train_median_s=train_timing.median,
+        train_iqr_s=train_timing.iqr,
+        infer_median_s=infer_timing.median,
+        infer_iqr_s=infer_timing.iqr,
+        train_peak_bytes=train_peak,
+        infer_peak_bytes=infer_peak,
+        saved_activation_bytes=activation_bytes,
+        final_loss=float(losses[-1]),
+    )
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b in (None, 0) else a / b
+
+
+def add_ratios(results: list[ModeResult]) -> None:
+    """Fill in speedups (t_fp32 / t_amp) and memory ratios (amp / fp32) against the first row."""
+    base = results[0]
+    for r in results:
+        r.train_speedup = base.train_median_s / r.train_median_s
+        r.infer_speedup = base.infer_median_s / r.infer_median_s
+        r.activation_ratio = r.saved_activation_bytes / base.saved_activation_bytes
+        r.train_peak_ratio = _ratio(r.train_peak_bytes, base.train_peak_bytes)
+        r.infer_peak_ratio = _ratio(r.infer_peak_bytes, base.infer_peak_bytes)
+
+
+def run_benchmark(info: DeviceInfo, preset: Preset, progress: bool = True) -> list[ModeResult]:
+    """fp32 first (the baseline), then each AMP dtype the device supports."""
+    inputs, targets = make_problem(preset.grid, info.device)
+    modes: list[torch.dtype | None] = [None, *info.amp_dtypes]
+    results = [run_mode(info, preset, m, inputs, targets, progress)
+               for m in tqdm(modes, desc="modes", disable=not progress)]
+    add_ratios(results)
+    return results
+
+
+def _mb(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**20:.1f}"
+
+
+def _x(r: float | None) -> str:
+    return "n/a" if r is None else f"{r:.2f}x"
+
+
+def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult]) -> str:
+    """The human-readable report: one row per mode, then how to read it."""
+    header = (f"device: {info}\npreset: {preset.name} (grid {preset.grid}, hidden {preset.hidden}, "
+              f"{preset.n_hidden_layers} hidden layers, {preset.steps} steps, "
+              f"{preset.warmup} warm-up)\n")
+    cols = ["mode", "scaler", "train ms/step (IQR)", "infer ms/step (IQR)", "train peak MB",
+            "infer peak MB", "saved act. MB", "final loss", "train speedup", "infer speedup",
+            "act. ratio", "train peak ratio"]
+    rows = [[
+        r.mode, "yes" if r.grad_scaler else "no",
+        f"{r.train_median_s * 1e3:.2f} ({r.train_iqr_s * 1e3:.2f})",
+        f"{r.infer_median_s * 1e3:.2f} ({r.infer_iqr_s * 1e3:.2f})",
+        _mb(r.train_peak_bytes), _mb(r.infer_peak_bytes), _mb(r.saved_activation_bytes),
+        f"{r.final_loss:.4g}", _x(r.train_speedup), _x(r.infer_speedup),
+        f"{r.activation_ratio:.2f}", "n/a" if r.train_peak_ratio is None else
+        f"{r.train_peak_ratio:.2f}",
+    ] for r in results]
+    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
+    line = "  ".join(c.ljust(w) for c, w in zip(cols, widths))
+    body = "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows)
+    notes = ("speedup = t_fp32 / t_mode (median per step); ratios = mode / fp32; "
+             "peak MB from the device's caching allocator (n/a on CPU/MPS); "
+             "saved act. = bytes autograd keeps for backward in one forward + loss.")
+    return f"{header}\n{line}\n{'-' * len(line)}\n{body}\n\n{notes}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pdm run bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", help="paper, cpu, smoke or auto (default: $AMP_TUTORIAL_PRESET "
+                        "or auto)")
+    parser.add_argument("--device", help="cuda, cuda:N, mps, xpu or cpu (default: "
+                        "$AMP_TUTORIAL_DEVICE or the best available)")
+    parser.add_argument("--strict-fp32", action="store_true",
+                        help="switch TF32 off so the fp32 baseline is true fp32 on Ampere+ GPUs")
+    parser.add_argument("--json", nargs="?", const="-", metavar="PATH",
+                        help="write the results as JSON to PATH (or stdout with no PATH)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    args = parser.parse_args(argv)
+    try:
+        info = select_device(args.device)
+        preset = get_preset(args.preset, info.type)
+    except (DeviceNotAvailableError, UnknownPresetError) as err:
+        parser.exit(2, f"error: {err}\n")
+    if args.strict_fp32:
+        set_strict_fp32(True)
+    results = run_benchmark(info, preset, progress=not args.no_progress)
+    report = {
+        "device": str(info.device), "backend": info.backend, "device_name": info.name,
+        "torch": torch.__version__, "preset": asdict(preset), "baseline": results[0].mode,
+        "results": [asdict(r) for r in results],
+    }
+    if args.json == "-":
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    else:
+        print(format_table(info, preset, results))
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(report, fh, indent=2)
+            print(f"\nJSON written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

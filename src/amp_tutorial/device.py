@@ -1,0 +1,176 @@
+"""Device selection: which accelerator to use, what it is called, and which AMP dtypes it supports.
+
+CUDA and ROCm share the ``cuda`` device type; ROCm is recognised by ``torch.version.hip``.
+Set ``AMP_TUTORIAL_DEVICE`` (``cuda``, ``cuda:1``, ``mps``, ``xpu`` or ``cpu``) to override the choice.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+
+import torch
+
+DEVICE_ENV = "AMP_TUTORIAL_DEVICE"
+KNOWN_DEVICE_TYPES = ("cuda", "mps", "xpu", "cpu")
+
+
+class DeviceNotAvailableError(RuntimeError):
+    """Raised when the requested device does not exist on this machine."""
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def _available(device_type: str) -> bool:
+    if device_type == "cpu":
+        return True
+    if device_type == "cuda":
+        return torch.cuda.is_available()
+    if device_type == "mps":
+        return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+    if device_type == "xpu":
+        return hasattr(torch, "xpu") and torch.xpu.is_available()
+    return False
+
+
+def _backend_and_name(device: torch.device) -> tuple[str, str]:
+    if device.type == "cuda":
+        backend = f"ROCm {torch.version.hip}" if torch.version.hip else f"CUDA {torch.version.cuda}"
+        return backend, torch.cuda.get_device_name(device)
+    if device.type == "mps":
+        return "MPS (Apple Metal)", f"Apple GPU (macOS {platform.mac_ver()[0]})"
+    if device.type == "xpu":
+        return "XPU (Intel)", torch.xpu.get_device_name(device)
+    return "CPU", platform.processor() or platform.machine()
+
+
+def _supported_amp_dtypes(device: torch.device) -> tuple[torch.dtype, ...]:
+    """AMP dtypes worth training with on this device, preferred first."""
+    if device.type == "cuda":
+        dtypes: list[torch.dtype] = [torch.float16]
+        if torch.cuda.is_bf16_supported():
+            dtypes.append(torch.bfloat16)
+        return tuple(dtypes)
+    if device.type == "mps":
+        version = _torch_version()
+        dtypes = []
+        if version >= (2, 8):  # fp16 autocast since 2.5, but its GradScaler only since 2.8
+            dtypes.append(torch.float16)
+        if version >= (2, 6) and int(platform.mac_ver()[0].split(".")[0] or 0) >= 14:
+            dtypes.append(torch.bfloat16)
+        return tuple(dtypes)
+    if device.type == "xpu":
+        return (torch.bfloat16, torch.float16)
+    # CPU autocast also accepts float16, but bfloat16 is the CPU's fast path (AVX512-BF16 / AMX).
+    return (torch.bfloat16,)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """Everything the course needs to know about the device it runs on."""
+
+    device: torch.device
+    backend: str
+    name: str
+    amp_dtypes: tuple[torch.dtype, ...] = field(default_factory=tuple)
+
+    @property
+    def type(self) -> str:
+        """The autocast ``device_type`` string: ``cuda`` (also ROCm), ``mps``, ``xpu`` or ``cpu``."""
+        return self.device.type
+
+    @property
+    def amp_dtype(self) -> torch.dtype | None:
+        """The preferred autocast dtype, or None where this device/torch has no usable AMP."""
+        return self.amp_dtypes[0] if self.amp_dtypes else None
+
+    @property
+    def is_rocm(self) -> bool:
+        return self.device.type == "cuda" and bool(torch.version.hip)
+
+    @property
+    def has_allocator_stats(self) -> bool:
+        """True where peak memory can be read from a caching allocator (CUDA/ROCm, XPU)."""
+        return self.device.type in ("cuda", "xpu")
+
+    def needs_grad_scaler(self, dtype: torch.dtype | None = None) -> bool:
+        """float16 has a narrow exponent range and needs a GradScaler; bfloat16 and fp32 do not."""
+        return (dtype or self.amp_dtype) == torch.float16
+
+    def __str__(self) -> str:
+        dtypes = ", ".join(dtype_name(d) for d in self.amp_dtypes) or "none"
+        return f"{self.device} ({self.backend}: {self.name}); AMP dtypes: {dtypes}"
+
+
+def dtype_name(dtype: torch.dtype | None) -> str:
+    """Short name used in tables and plots: fp32, fp16, bf16."""
+    names = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+    return names.get(dtype, str(dtype).replace("torch.", "")) if dtype is not None else "fp32"
+
+
+def select_device(requested: str | None = None) -> DeviceInfo:
+    """Pick the best device (cuda > mps > xpu > cpu), or the one requested / set in the environment.
+
+    Raises DeviceNotAvailableError with the available choices when the requested one is absent.
+    """
+    requested = requested or os.environ.get(DEVICE_ENV) or None
+    if requested:
+        try:
+            device = torch.device(requested)
+        except RuntimeError as err:
+            raise DeviceNotAvailableError(
+                f"{requested!r} is not a device name; use one of {', '.join(KNOWN_DEVICE_TYPES)}"
+                f" (set by {DEVICE_ENV} or the device argument)"
+            ) from err
+        if device.type not in KNOWN_DEVICE_TYPES or not _available(device.type):
+            raise DeviceNotAvailableError(
+                f"device {requested!r} is not available on this machine "
+                f"(torch {torch.__version__}); available: {', '.join(available_devices())}. "
+                f"Unset {DEVICE_ENV} or pick one of those."
+            )
+        if device.type == "cuda" and device.index is not None:
+            if device.index >= torch.cuda.device_count():
+                raise DeviceNotAvailableError(
+                    f"device {requested!r} does not exist: {torch.cuda.device_count()} GPU(s) seen"
+                )
+    else:
+        device = torch.device(available_devices()[0])
+    backend, name = _backend_and_name(device)
+    return DeviceInfo(device=device, backend=backend, name=name,
+                      amp_dtypes=_supported_amp_dtypes(device))
+
+
+def available_devices() -> list[str]:
+    """Device types usable here, best first; always ends with cpu."""
+    return [t for t in KNOWN_DEVICE_TYPES if _available(t)]
+
+
+def describe_device(info: DeviceInfo | None = None) -> str:
+    """One line for the top of each notebook: which device, backend, and AMP dtypes."""
+    info = info or select_device()
+    scaler = "GradScaler needed" if info.needs_grad_scaler() else "no GradScaler needed"
+    return f"Running on {info} -> default autocast dtype {dtype_name(info.amp_dtype)}, {scaler}"
+
+
+def fp32_baseline(info: DeviceInfo) -> str:
+    """Name the fp32 baseline honestly: on Ampere+ NVIDIA GPUs cuDNN uses TF32 for convolutions
+    unless ``torch.backends.cudnn.allow_tf32`` is switched off."""
+    if info.type == "cuda" and not info.is_rocm:
+        major, _ = torch.cuda.get_device_capability(info.device)
+        tf32_convs = major >= 8 and torch.backends.cudnn.allow_tf32
+        tf32_matmul = major >= 8 and torch.backends.cuda.matmul.allow_tf32
+        if tf32_convs or tf32_matmul:
+            parts = [n for n, on in (("convolutions", tf32_convs), ("matmuls", tf32_matmul)) if on]
+            return f"fp32 (TF32 {' and '.join(parts)})"
+        return "fp32 (strict, TF32 off)"
+    return "fp32"
+
+
+def set_strict_fp32(strict: bool = True) -> None:
+    """Switch TF32 off (strict) or back to PyTorch's defaults (TF32 convolutions, fp32 matmuls)."""
+    torch.backends.cudnn.allow_tf32 = not strict
+    torch.backends.cuda.matmul.allow_tf32 = False

@@ -1,0 +1,172 @@
+"""Measuring time and memory correctly on any device.
+
+- the device is synchronised before every clock read (GPU work is asynchronous);
+- warm-up steps run untimed (cuDNN/MIOpen pick kernels on first use);
+- every step is timed, and the median and spread are reported, not one total;
+- peak memory is reset before each run and read from the caching allocator where there is one;
+- saved-activation bytes (the memory AMP halves) are counted exactly with saved_tensors_hooks,
+  which works on every device, CPU included.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait until all queued work on ``device`` has finished (a no-op on CPU)."""
+    device_type = torch.device(device).type
+    if device_type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device_type == "mps":
+        torch.mps.synchronize()
+    elif device_type == "xpu":
+        torch.xpu.synchronize(device)
+
+
+def free_memory(device: torch.device | str) -> None:
+    """Drop unreferenced tensors and return cached blocks, so one run's memory cannot count in the next."""
+    gc.collect()
+    device_type = torch.device(device).type
+    if device_type == "cuda":
+        torch.cuda.empty_cache()
+    elif device_type == "mps":
+        torch.mps.empty_cache()
+    elif device_type == "xpu":
+        torch.xpu.empty_cache()
+
+
+def reset_peak_memory(device: torch.device | str) -> None:
+    """Free what can be freed, then start a new peak-memory window (no-op without an allocator)."""
+    free_memory(device)
+    device_type = torch.device(device).type
+    if device_type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    elif device_type == "xpu":
+        torch.xpu.reset_peak_memory_stats(device)
+
+
+def peak_memory_bytes(device: torch.device | str) -> int | None:
+    """Peak bytes held by tensors since the last reset; None where the device has no allocator stats."""
+    device_type = torch.device(device).type
+    if device_type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    if device_type == "xpu":
+        return torch.xpu.max_memory_allocated(device)
+    return None
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-step wall times in seconds, with the statistics the course reports."""
+
+    samples: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def q1(self) -> float:
+        return _quantile(self.samples, 0.25)
+
+    @property
+    def q3(self) -> float:
+        return _quantile(self.samples, 0.75)
+
+    @property
+    def iqr(self) -> float:
+        """Interquartile range: the spread of the middle half of the samples."""
+        return self.q3 - self.q1
+
+    @property
+    def total(self) -> float:
+        return sum(self.samples)
+
+    def __str__(self) -> str:
+        return f"{self.median * 1e3:.2f} ms/step (IQR {self.iqr * 1e3:.2f} ms, n={len(self.samples)})"
+
+
+def _quantile(values: tuple[float, ...], q: float) -> float:
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def time_steps(
+    step: Callable[[int], object],
+    n_steps: int,
+    device: torch.device | str,
+    warmup: int = 0,
+    desc: str | None = None,
+    progress: bool = True,
+) -> tuple[Timing, list[object]]:
+    """Call ``step(i)`` for ``warmup`` untimed then ``n_steps`` timed iterations.
+
+    The device is synchronised before each clock read. Returns the per-step timing and the list of
+    what the timed steps returned (e.g. loss values, as Python floats to avoid keeping graphs alive).
+    """
+    if n_steps < 1:
+        raise ValueError(f"n_steps must be at least 1, got {n_steps}")
+    for i in range(warmup):
+        step(-1 - i)
+    synchronize(device)
+    samples: list[float] = []
+    results: list[object] = []
+    for i in tqdm(range(n_steps), desc=desc, disable=not progress, leave=False):
+        start = time.perf_counter()
+        results.append(step(i))
+        synchronize(device)
+        samples.append(time.perf_counter() - start)
+    return Timing(tuple(samples)), results
+
+
+def saved_activation_bytes(fn: Callable[[], object]) -> int:
+    """Bytes of the tensors autograd saves for backward while ``fn()`` runs (e.g. a forward + loss).
+
+    Storage shared by several saved tensors (a weight saved by two ops) is counted once.
+    """
+    seen: dict[tuple[int, int], int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        key = (storage.data_ptr(), tensor.device.index or 0)
+        seen[key] = max(seen.get(key, 0), storage.nbytes())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+def activation_output_bytes(model: torch.nn.Module, fn: Callable[[], object]) -> int:
+    """Bytes of every leaf module's output while ``fn()`` runs: the activations a forward produces.
+
+    Works under ``torch.inference_mode``, where nothing is saved for backward.
+    """
+    total = 0
+
+    def hook(_module: torch.nn.Module, _inputs: object, output: object) -> None:
+        nonlocal total
+        if isinstance(output, torch.Tensor):
+            total += output.numel() * output.element_size()
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    handles = [m.register_forward_hook(hook) for m in leaves]
+    try:
+        fn()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return total

@@ -1,0 +1,91 @@
+"""The figures the lessons share: titled, labelled, one idea per figure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def plot_dtype_ranges(dtypes: Sequence[torch.dtype] = FLOAT_DTYPES) -> Figure:
+    """Log2 of the smallest subnormal, smallest normal and largest value of each dtype."""
+    from amp_tutorial.device import dtype_name
+
+    fig, ax = plt.subplots(figsize=(8, 3))
+    for row, dtype in enumerate(dtypes):
+        fi = torch.finfo(dtype)
+        low, normal, high = np.log2([fi.smallest_normal * fi.eps, fi.smallest_normal, fi.max])
+        ax.plot([low, normal], [row, row], color="tab:orange", lw=6, solid_capstyle="butt",
+                label="subnormal" if row == 0 else None)
+        ax.plot([normal, high], [row, row], color="tab:blue", lw=6, solid_capstyle="butt",
+                label="normal" if row == 0 else None)
+        ax.text(high + 3, row, f"eps = 2^{int(np.log2(fi.eps))}", va="center", fontsize=8)
+    ax.set_yticks(range(len(dtypes)), [dtype_name(d) for d in dtypes])
+    ax.set_xlabel("magnitude (log2 scale, powers of two)")
+    ax.set_title("Representable magnitudes: fp16 trades range for precision, bf16 keeps fp32's range")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_image(image: torch.Tensor | np.ndarray, title: str) -> Figure:
+    """One (H, W) or (1, 1, H, W) image, such as the target, with a colour bar."""
+    fig, ax = plt.subplots(figsize=(4, 3.5))
+    shown = ax.imshow(_as_2d(image), cmap="viridis", origin="lower", extent=(0, 1, 0, 1))
+    ax.set(title=title, xlabel="x (normalised)", ylabel="y (normalised)")
+    fig.colorbar(shown, ax=ax, label="value")
+    fig.tight_layout()
+    return fig
+
+
+def plot_outputs(images: Mapping[str, torch.Tensor | np.ndarray], title: str) -> Figure:
+    """Images side by side on one colour scale: the target next to each run's prediction."""
+    fig, axes = plt.subplots(1, len(images), figsize=(3.3 * len(images), 3.4), squeeze=False)
+    for ax, (name, image) in zip(axes[0], images.items()):
+        ax.imshow(_as_2d(image), cmap="viridis", origin="lower", extent=(0, 1, 0, 1),
+                  vmin=0, vmax=1)
+        ax.set(title=name, xlabel="x (normalised)")
+    axes[0][0].set_ylabel("y (normalised)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_losses(histories: Mapping[str, Sequence[float]], title: str = "Training loss") -> Figure:
+    """Loss per step for each run, log scale."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, losses in histories.items():
+        ax.plot(range(1, len(losses) + 1), losses, label=name)
+    ax.set(title=title, xlabel="step", ylabel="MSE loss (log scale)", yscale="log")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_bars(values: Mapping[str, Mapping[str, float]], title: str) -> Figure:
+    """One panel per metric (e.g. 'time per step (ms)'), one bar per run, value printed on top."""
+    metrics = list(values)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.3), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        runs = values[metric]
+        bars = ax.bar(list(runs), list(runs.values()),
+                      color=["tab:gray", "tab:blue", "tab:green", "tab:orange"][: len(runs)])
+        ax.bar_label(bars, fmt="%.3g")
+        ax.set(title=metric, ylabel=metric)
+        ax.margins(y=0.15)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _as_2d(image: torch.Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(image, torch.Tensor):
+        image = image.detach().float().cpu().numpy()
+    return np.asarray(image).reshape(image.shape[-2], image.shape[-1])

@@ -1,0 +1,65 @@
+"""Problem-size presets, so every lesson runs in sensible time on a GPU, a laptop CPU and in CI.
+
+``paper`` reproduces the sizes of the original ROCm blog; ``cpu`` is the laptop size; ``smoke`` is the
+tiny size the test suite uses. ``auto`` picks ``paper`` on a GPU and ``cpu`` elsewhere.
+Set ``AMP_TUTORIAL_PRESET`` to override.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+PRESET_ENV = "AMP_TUTORIAL_PRESET"
+
+
+class UnknownPresetError(ValueError):
+    """Raised for a preset name that does not exist; the message lists the valid names."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Sizes for the quantized-sinusoid problem and how long to train and time it."""
+
+    name: str
+    grid: int  # the input is a grid x grid image with 2 channels (the x, y coordinates)
+    hidden: int  # channels of each hidden 1x1 convolution
+    n_hidden_layers: int
+    steps: int  # training steps (each step sees the whole image)
+    warmup: int  # untimed steps before timing starts (kernel selection, allocator growth)
+    inference_steps: int  # timed forward passes for the inference comparison
+    description: str
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("paper", grid=512, hidden=256, n_hidden_layers=2, steps=512, warmup=10,
+               inference_steps=512, description="the seed blog's sizes; for a GPU"),
+        Preset("cpu", grid=256, hidden=128, n_hidden_layers=2, steps=96, warmup=3,
+               inference_steps=48, description="a laptop-sized run, about a minute per lesson"),
+        Preset("smoke", grid=32, hidden=16, n_hidden_layers=1, steps=12, warmup=2,
+               inference_steps=6, description="tiny, for the test suite: checks code, not speed"),
+    )
+}
+VALID_NAMES = ("auto", *PRESETS)
+
+
+def get_preset(name: str | None = None, device_type: str | None = None) -> Preset:
+    """Return the preset called ``name`` (or ``$AMP_TUTORIAL_PRESET``, or ``auto``).
+
+    ``auto`` resolves to ``paper`` on cuda/xpu and ``cpu`` on cpu/mps.
+    """
+    chosen = (name or os.environ.get(PRESET_ENV) or "auto").strip().lower()
+    if chosen == "auto":
+        if device_type is None:
+            from amp_tutorial.device import select_device
+
+            device_type = select_device().type
+        chosen = "paper" if device_type in ("cuda", "xpu") else "cpu"
+    if chosen not in PRESETS:
+        source = "argument" if name else f"${PRESET_ENV}"
+        raise UnknownPresetError(
+            f"unknown preset {chosen!r} (from the {source}); valid names: {', '.join(VALID_NAMES)}"
+        )
+    return PRESETS[chosen]
