@@ -49,8 +49,8 @@ amp_dtype = info.amp_dtype
 # ## 1. Three float formats
 #
 # A float spends its bits on an **exponent** (how large or small a number can be: the *range*) and a
-# **mantissa** (how many significant digits it keeps: the *precision*). fp16 and bf16 both use 16
-# bits but split them differently: fp16 keeps more precision, bf16 keeps fp32's whole range.
+# **mantissa** (how many significant digits it keeps: the *precision*). fp16 and bf16 both use
+# 16 bits but split them differently: fp16 keeps more precision, bf16 keeps fp32's whole range.
 # The table is read from `torch.finfo`, not typed in.
 
 # %%
@@ -103,8 +103,8 @@ assert torch.tensor(fine, dtype=torch.float16).item() == fine  # fp16 keeps it e
 
 # %% [markdown]
 # So fp16 needs help with *range* (that help is the GradScaler of lesson 02), while bf16 has the
-# range but only about 3 significant decimal digits. Neither is good for long sums or for values that
-# must be accurate to many digits, which is why autocast does not lower every op.
+# range but only about 3 significant decimal digits. Neither is good for long sums or for values
+# that must be accurate to many digits, which is why autocast does not lower every op.
 #
 # ## 2. Autocast on your device
 #

@@ -97,7 +97,7 @@ for name, infer in candidates.items():
     runs[name] = {
         "timing": timing,
         "peak": peak_memory_bytes(info.device),
-        "layer outputs": activation_output_bytes(model, lambda: infer(0)),
+        "layer outputs": activation_output_bytes(model, lambda f=infer: f(0)),
         "prediction": outputs[-1].float(),
         "dtype": outputs[-1].dtype,
     }

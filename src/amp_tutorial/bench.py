@@ -25,7 +25,6 @@ from amp_tutorial.device import (
     set_strict_fp32,
 )
 from amp_tutorial.measure import (
-    Timing,
     peak_memory_bytes,
     reset_peak_memory,
     saved_activation_bytes,
@@ -143,30 +142,39 @@ def _x(r: float | None) -> str:
     return "n/a" if r is None else f"{r:.2f}x"
 
 
-def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult]) -> str:
-    """The human-readable report: one row per mode, then how to read it."""
-    header = (f"device: {info}\npreset: {preset.name} (grid {preset.grid}, hidden {preset.hidden}, "
-              f"{preset.n_hidden_layers} hidden layers, {preset.steps} steps, "
-              f"{preset.warmup} warm-up)\n")
-    cols = ["mode", "scaler", "train ms/step (IQR)", "infer ms/step (IQR)", "train peak MB",
-            "infer peak MB", "saved act. MB", "final loss", "train speedup", "infer speedup",
-            "act. ratio", "train peak ratio"]
-    rows = [[
-        r.mode, "yes" if r.grad_scaler else "no",
-        f"{r.train_median_s * 1e3:.2f} ({r.train_iqr_s * 1e3:.2f})",
-        f"{r.infer_median_s * 1e3:.2f} ({r.infer_iqr_s * 1e3:.2f})",
-        _mb(r.train_peak_bytes), _mb(r.infer_peak_bytes), _mb(r.saved_activation_bytes),
-        f"{r.final_loss:.4g}", _x(r.train_speedup), _x(r.infer_speedup),
-        f"{r.activation_ratio:.2f}", "n/a" if r.train_peak_ratio is None else
-        f"{r.train_peak_ratio:.2f}",
-    ] for r in results]
+def _table(cols: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
-    line = "  ".join(c.ljust(w) for c, w in zip(cols, widths))
-    body = "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows)
-    notes = ("speedup = t_fp32 / t_mode (median per step); ratios = mode / fp32; "
-             "peak MB from the device's caching allocator (n/a on CPU/MPS); "
-             "saved act. = bytes autograd keeps for backward in one forward + loss.")
-    return f"{header}\n{line}\n{'-' * len(line)}\n{body}\n\n{notes}"
+    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+             for row in [cols, *rows]]
+    return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
+
+
+def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult]) -> str:
+    """The human-readable report: a time table and a memory table, one row per mode."""
+    header = (f"device: {info}\npreset: {preset.name} (grid {preset.grid}, hidden {preset.hidden}, "
+              f"{preset.n_hidden_layers} hidden layers, {preset.steps} training steps, "
+              f"{preset.inference_steps} inference steps, {preset.warmup} warm-up)")
+    time_table = _table(
+        ["mode", "scaler", "train ms/step", "IQR", "speedup", "infer ms/step", "IQR", "speedup",
+         "final loss"],
+        [[r.mode, "yes" if r.grad_scaler else "no",
+          f"{r.train_median_s * 1e3:.2f}", f"{r.train_iqr_s * 1e3:.2f}", _x(r.train_speedup),
+          f"{r.infer_median_s * 1e3:.2f}", f"{r.infer_iqr_s * 1e3:.2f}", _x(r.infer_speedup),
+          f"{r.final_loss:.4g}"] for r in results])
+    memory_table = _table(
+        ["mode", "saved activations MB", "ratio", "train peak MB", "ratio", "infer peak MB",
+         "ratio"],
+        [[r.mode, _mb(r.saved_activation_bytes), f"{r.activation_ratio:.2f}",
+          _mb(r.train_peak_bytes), _ratio_text(r.train_peak_ratio),
+          _mb(r.infer_peak_bytes), _ratio_text(r.infer_peak_ratio)] for r in results])
+    notes = ("speedup = t_fp32 / t_mode (median per step, after warm-up); IQR = interquartile "
+             "range;\nratio = mode / fp32; peak MB is the caching allocator's peak (n/a on CPU and "
+             "MPS);\nsaved activations = bytes autograd keeps for backward in one forward + loss.")
+    return f"{header}\n\nTime\n{time_table}\n\nMemory\n{memory_table}\n\n{notes}"
+
+
+def _ratio_text(r: float | None) -> str:
+    return "n/a" if r is None else f"{r:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """Device selection: which accelerator to use, what it is called, and which AMP dtypes it supports.
 
 CUDA and ROCm share the ``cuda`` device type; ROCm is recognised by ``torch.version.hip``.
-Set ``AMP_TUTORIAL_DEVICE`` (``cuda``, ``cuda:1``, ``mps``, ``xpu`` or ``cpu``) to override the choice.
+Set ``AMP_TUTORIAL_DEVICE`` (``cuda``, ``cuda:1``, ``mps``, ``xpu`` or ``cpu``) to override the
+choice.
 """
 
 from __future__ import annotations
@@ -45,7 +46,19 @@ def _backend_and_name(device: torch.device) -> tuple[str, str]:
         return "MPS (Apple Metal)", f"Apple GPU (macOS {platform.mac_ver()[0]})"
     if device.type == "xpu":
         return "XPU (Intel)", torch.xpu.get_device_name(device)
-    return "CPU", platform.processor() or platform.machine()
+    return "CPU", _cpu_name()
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _supported_amp_dtypes(device: torch.device) -> tuple[torch.dtype, ...]:
@@ -80,7 +93,7 @@ class DeviceInfo:
 
     @property
     def type(self) -> str:
-        """The autocast ``device_type`` string: ``cuda`` (also ROCm), ``mps``, ``xpu`` or ``cpu``."""
+        """The autocast ``device_type``: ``cuda`` (also ROCm), ``mps``, ``xpu`` or ``cpu``."""
         return self.device.type
 
     @property

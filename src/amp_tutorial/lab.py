@@ -1,4 +1,4 @@
-"""``pdm run lab``: open the course in JupyterLab, on loopback only, with a token, rooted at notebooks/.
+"""``pdm run lab``: the course in JupyterLab, on loopback only, with a token, rooted at notebooks/.
 
 Extra arguments go straight to ``jupyter lab`` (e.g. ``pdm run lab --port 8890 --no-browser``).
 The lab settings (open ``.py`` notebooks as notebooks, no news pop-up) are installed with the
@@ -15,7 +15,7 @@ NOTEBOOKS_ENV = "AMP_TUTORIAL_NOTEBOOKS"
 
 
 def notebooks_dir() -> Path:
-    """The folder holding the lessons: $AMP_TUTORIAL_NOTEBOOKS, the checkout's notebooks/, or ./notebooks."""
+    """The lessons' folder: $AMP_TUTORIAL_NOTEBOOKS, the checkout's notebooks/, or ./notebooks."""
     if os.environ.get(NOTEBOOKS_ENV):
         return Path(os.environ[NOTEBOOKS_ENV]).resolve()
     checkout = Path(__file__).resolve().parents[2] / "notebooks"
@@ -31,20 +31,25 @@ def lab_command(extra: list[str]) -> list[str]:
     for arg in extra:
         if arg.replace("_", "-").split("=")[0] in ("--IdentityProvider.token", "--ServerApp.token",
                                                    "--NotebookApp.token") and arg.endswith("="):
-            raise SystemExit("error: an empty token would let anyone who reaches the port run code; "
+            raise SystemExit("error: an empty token lets anyone who reaches the port run code; "
                              "leave it out to get a random one, or set JUPYTER_TOKEN")
     args = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root}"]
     if not any(a.startswith("--ip") or a.startswith("--ServerApp.ip") for a in extra):
         args.append("--ip=127.0.0.1")
     if not any(a.startswith("--port") or a.startswith("--ServerApp.port") for a in extra):
         args.append("--port=8888")
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in extra:
+        # Jupyter refuses to start as root; containers and CI machines often are root.
+        print("warning: running as root; the kernels can change anything on this machine",
+              file=sys.stderr)
+        args.append("--allow-root")
     return args + extra
 
 
 def main() -> None:
     command = lab_command(sys.argv[1:])
     print(f"Starting JupyterLab on the course in {command[3].split('=', 1)[1]}", flush=True)
-    print("Open the http://127.0.0.1:... URL with ?token=... that Jupyter prints below.", flush=True)
+    print("Open the http://127.0.0.1:...?token=... URL that Jupyter prints below.", flush=True)
     os.execv(command[0], command)
 
 

@@ -32,7 +32,7 @@ def synchronize(device: torch.device | str) -> None:
 
 
 def free_memory(device: torch.device | str) -> None:
-    """Drop unreferenced tensors and return cached blocks, so one run's memory cannot count in the next."""
+    """Drop unreferenced tensors and return cached blocks, so one run cannot count in the next."""
     gc.collect()
     device_type = torch.device(device).type
     if device_type == "cuda":
@@ -44,7 +44,7 @@ def free_memory(device: torch.device | str) -> None:
 
 
 def reset_peak_memory(device: torch.device | str) -> None:
-    """Free what can be freed, then start a new peak-memory window (no-op without an allocator)."""
+    """Free what can be freed, then start a new peak-memory window (no-op without allocator)."""
     free_memory(device)
     device_type = torch.device(device).type
     if device_type == "cuda":
@@ -54,7 +54,7 @@ def reset_peak_memory(device: torch.device | str) -> None:
 
 
 def peak_memory_bytes(device: torch.device | str) -> int | None:
-    """Peak bytes held by tensors since the last reset; None where the device has no allocator stats."""
+    """Peak bytes held by tensors since the last reset; None where there are no allocator stats."""
     device_type = torch.device(device).type
     if device_type == "cuda":
         return torch.cuda.max_memory_allocated(device)
@@ -91,7 +91,8 @@ class Timing:
         return sum(self.samples)
 
     def __str__(self) -> str:
-        return f"{self.median * 1e3:.2f} ms/step (IQR {self.iqr * 1e3:.2f} ms, n={len(self.samples)})"
+        n = len(self.samples)
+        return f"{self.median * 1e3:.2f} ms/step (IQR {self.iqr * 1e3:.2f} ms, n={n})"
 
 
 def _quantile(values: tuple[float, ...], q: float) -> float:
@@ -115,7 +116,7 @@ def time_steps(
     """Call ``step(i)`` for ``warmup`` untimed then ``n_steps`` timed iterations.
 
     The device is synchronised before each clock read. Returns the per-step timing and the list of
-    what the timed steps returned (e.g. loss values, as Python floats to avoid keeping graphs alive).
+    what the timed steps returned (e.g. losses as Python floats, so no graph is kept alive).
     """
     if n_steps < 1:
         raise ValueError(f"n_steps must be at least 1, got {n_steps}")

@@ -27,7 +27,7 @@ def plot_dtype_ranges(dtypes: Sequence[torch.dtype] = FLOAT_DTYPES) -> Figure:
         ax.text(high + 3, row, f"eps = 2^{int(np.log2(fi.eps))}", va="center", fontsize=8)
     ax.set_yticks(range(len(dtypes)), [dtype_name(d) for d in dtypes])
     ax.set_xlabel("magnitude (log2 scale, powers of two)")
-    ax.set_title("Representable magnitudes: fp16 trades range for precision, bf16 keeps fp32's range")
+    ax.set_title("Representable magnitudes: fp16 trades range for precision; bf16 keeps fp32's")
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
@@ -47,7 +47,7 @@ def plot_image(image: torch.Tensor | np.ndarray, title: str) -> Figure:
 def plot_outputs(images: Mapping[str, torch.Tensor | np.ndarray], title: str) -> Figure:
     """Images side by side on one colour scale: the target next to each run's prediction."""
     fig, axes = plt.subplots(1, len(images), figsize=(3.3 * len(images), 3.4), squeeze=False)
-    for ax, (name, image) in zip(axes[0], images.items()):
+    for ax, (name, image) in zip(axes[0], images.items(), strict=True):
         ax.imshow(_as_2d(image), cmap="viridis", origin="lower", extent=(0, 1, 0, 1),
                   vmin=0, vmax=1)
         ax.set(title=name, xlabel="x (normalised)")
@@ -73,7 +73,7 @@ def plot_bars(values: Mapping[str, Mapping[str, float]], title: str) -> Figure:
     """One panel per metric (e.g. 'time per step (ms)'), one bar per run, value printed on top."""
     metrics = list(values)
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.3), squeeze=False)
-    for ax, metric in zip(axes[0], metrics):
+    for ax, metric in zip(axes[0], metrics, strict=True):
         runs = values[metric]
         bars = ax.bar(list(runs), list(runs.values()),
                       color=["tab:gray", "tab:blue", "tab:green", "tab:orange"][: len(runs)])

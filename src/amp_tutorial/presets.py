@@ -1,7 +1,7 @@
 """Problem-size presets, so every lesson runs in sensible time on a GPU, a laptop CPU and in CI.
 
-``paper`` reproduces the sizes of the original ROCm blog; ``cpu`` is the laptop size; ``smoke`` is the
-tiny size the test suite uses. ``auto`` picks ``paper`` on a GPU and ``cpu`` elsewhere.
+``paper`` reproduces the sizes of the original ROCm blog; ``cpu`` is the laptop size; ``smoke`` is
+the tiny size the test suite uses. ``auto`` picks ``paper`` on a GPU and ``cpu`` elsewhere.
 Set ``AMP_TUTORIAL_PRESET`` to override.
 """
 

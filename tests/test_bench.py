@@ -1,0 +1,58 @@
+"""The benchmark command: one row per mode, correct ratios, JSON output, clear errors."""
+
+import json
+
+import pytest
+
+from amp_tutorial import bench
+
+
+@pytest.fixture(scope="module")
+def smoke_report(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "out.json"
+    assert bench.main(["--preset", "smoke", "--device", "cpu", "--no-progress",
+                       "--json", str(path)]) == 0
+    return json.loads(path.read_text())
+
+
+def test_report_has_fp32_then_each_amp_dtype(smoke_report):
+    modes = [r["mode"] for r in smoke_report["results"]]
+    assert modes == ["fp32", "bf16"]
+    assert smoke_report["preset"]["name"] == "smoke"
+    assert smoke_report["device"] == "cpu"
+
+
+def test_ratios_are_against_fp32(smoke_report):
+    fp32, bf16 = smoke_report["results"]
+    assert fp32["train_speedup"] == fp32["activation_ratio"] == 1.0
+    assert bf16["train_speedup"] == pytest.approx(fp32["train_median_s"] / bf16["train_median_s"])
+    assert bf16["activation_ratio"] == pytest.approx(
+        bf16["saved_activation_bytes"] / fp32["saved_activation_bytes"])
+    assert bf16["activation_ratio"] <= 0.55
+    assert fp32["train_peak_bytes"] is None  # no allocator counter on CPU: reported as n/a
+    assert not bf16["grad_scaler"]
+
+
+def test_table_output(capsys):
+    assert bench.main(["--preset", "smoke", "--device", "cpu", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "preset: smoke" in out
+    assert "\nfp32 " in out and "\nbf16 " in out
+    assert "speedup = t_fp32 / t_mode" in out
+
+
+def test_json_to_stdout(capsys):
+    bench.main(["--preset", "smoke", "--device", "cpu", "--no-progress", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["baseline"] == "fp32"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--preset", "huge"], "valid names: auto, paper, cpu, smoke"),
+    (["--device", "tpu"], "is not a device name"),
+])
+def test_bad_input_exits_2_with_a_message(capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(args)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,88 @@
+"""Measurement: per-step timing with warm-up, statistics, and exact saved-activation bytes."""
+
+import time
+
+import pytest
+import torch
+
+from amp_tutorial.measure import (
+    Timing,
+    activation_output_bytes,
+    peak_memory_bytes,
+    reset_peak_memory,
+    saved_activation_bytes,
+    time_steps,
+)
+
+
+def test_timing_statistics():
+    t = Timing((4.0, 1.0, 3.0, 2.0, 5.0))
+    assert t.median == 3.0
+    assert (t.q1, t.q3, t.iqr) == (2.0, 4.0, 2.0)
+    assert t.total == 15.0
+    assert "3000.00 ms/step" in str(t) and "n=5" in str(t)
+
+
+def test_time_steps_runs_warmup_untimed_and_times_each_step():
+    calls = []
+
+    def step(i):
+        calls.append(i)
+        time.sleep(0.01 if i >= 0 else 0.05)  # warm-up calls are slow, like a first kernel call
+        return i * 2
+
+    timing, results = time_steps(step, 4, "cpu", warmup=2, progress=False)
+    assert calls == [-1, -2, 0, 1, 2, 3]
+    assert results == [0, 2, 4, 6]
+    assert len(timing.samples) == 4
+    assert all(0.009 < s < 0.045 for s in timing.samples)  # the slow warm-up is not in the samples
+
+
+def test_time_steps_rejects_zero_steps():
+    with pytest.raises(ValueError, match="at least 1"):
+        time_steps(lambda i: None, 0, "cpu")
+
+
+def test_saved_activation_bytes_counts_what_backward_needs():
+    x = torch.rand(1000, requires_grad=True)
+    # exp saves its output (1000 fp32 = 4000 bytes); sum saves nothing
+    assert saved_activation_bytes(lambda: x.exp().sum()) == 4000
+
+
+def test_saved_activation_bytes_halves_under_bf16_autocast():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 32, 1), torch.nn.BatchNorm2d(32),
+                                torch.nn.ReLU(), torch.nn.Conv2d(32, 1, 1))
+    x = torch.rand(1, 2, 64, 64)
+    fp32 = saved_activation_bytes(lambda: model(x).sum())
+
+    def amp():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(x).sum()
+
+    ratio = saved_activation_bytes(amp) / fp32
+    assert 0.4 < ratio <= 0.55
+
+
+def test_activation_output_bytes_under_inference_mode():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x = torch.rand(10, 4)
+    with torch.inference_mode():
+        total = activation_output_bytes(model, lambda: model(x))
+    assert total == (10 * 8 + 10 * 8 + 10 * 2) * 4
+    assert not model[0]._forward_hooks  # hooks are removed afterwards
+
+
+def test_cpu_has_no_allocator_peak():
+    reset_peak_memory("cpu")
+    assert peak_memory_bytes("cpu") is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+def test_gpu_peak_is_reset_between_runs():
+    reset_peak_memory("cuda")
+    big = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")
+    del big
+    assert peak_memory_bytes("cuda") >= 64 * 2**20
+    reset_peak_memory("cuda")
+    assert peak_memory_bytes("cuda") < 64 * 2**20

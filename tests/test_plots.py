@@ -1,0 +1,45 @@
+"""Every shared figure has a title and labelled axes, and shows what it is given."""
+
+import matplotlib
+
+matplotlib.use("agg")
+
+import torch  # noqa: E402
+
+from amp_tutorial import plots  # noqa: E402
+
+
+def _labels(fig):
+    return [(ax.get_title(), ax.get_xlabel(), ax.get_ylabel()) for ax in fig.axes
+            if ax.get_label() != "<colorbar>"]
+
+
+def test_dtype_ranges_has_one_row_per_dtype():
+    fig = plots.plot_dtype_ranges()
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["fp32", "fp16", "bf16"]
+    assert ax.get_title() and "log2" in ax.get_xlabel()
+
+
+def test_image_and_outputs():
+    image = torch.rand(1, 1, 8, 8)
+    fig = plots.plot_image(image, "target")
+    assert _labels(fig)[0] == ("target", "x (normalised)", "y (normalised)")
+    fig = plots.plot_outputs({"target": image, "fp32": image[0, 0]}, "side by side")
+    assert [ax.get_title() for ax in fig.axes] == ["target", "fp32"]
+    assert fig._suptitle.get_text() == "side by side"
+
+
+def test_losses_one_line_per_run():
+    fig = plots.plot_losses({"fp32": [1.0, 0.5], "bf16": [1.0, 0.4]})
+    ax = fig.axes[0]
+    assert [line.get_label() for line in ax.get_lines()] == ["fp32", "bf16"]
+    assert ax.get_yscale() == "log" and ax.get_xlabel() == "step"
+
+
+def test_bars_one_panel_per_metric():
+    fig = plots.plot_bars({"time (ms)": {"fp32": 2.0, "bf16": 1.0},
+                           "memory (MB)": {"fp32": 4.0, "bf16": 2.0}}, "comparison")
+    assert [ax.get_title() for ax in fig.axes] == ["time (ms)", "memory (MB)"]
+    heights = [p.get_height() for p in fig.axes[0].patches]
+    assert heights == [2.0, 1.0]
