@@ -28,7 +28,7 @@ def plot_dtype_ranges(dtypes: Sequence[torch.dtype] = FLOAT_DTYPES) -> Figure:
     ax.set_yticks(range(len(dtypes)), [dtype_name(d) for d in dtypes])
     ax.set_xlabel("magnitude (log2 scale, powers of two)")
     ax.set_title("Representable magnitudes: fp16 trades range for precision; bf16 keeps fp32's")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="center left", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
