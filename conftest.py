@@ -63,6 +63,21 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("MPLBACKEND", "agg")
 
 
+class NotAModule(pytest.File):
+    """Collects nothing: a notebook named on the command line is not a Python test module."""
+
+    def collect(self):
+        return []
+
+
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector):
+    # pytest imports any .py file given as an argument; `pytest notebooks/06_x.py` must only run
+    # it under nbval (pytest_collect_file below), not import it.
+    if is_notebook(module_path):
+        return NotAModule.from_parent(parent, path=module_path)
+    return None
+
+
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):
     if file_path.suffix == ".py" and is_notebook(file_path):
         return JupytextNotebook.from_parent(parent, path=file_path)
