@@ -33,14 +33,49 @@ class JupytextNotebook(nbval.plugin.IPyNbFile):
 
     def collect(self):
         notebook = jupytext.read(self.path)
+        use_solutions(notebook)
         with mock.patch.object(nbval.plugin.nbformat, "read", return_value=notebook):
             items = list(super().collect())
         yield from items
 
 
+# --- exercises (issue 3): run each exercise notebook with the reference solution in place --------
+# A learner's cell is marked `# %% tags=["exercise"] solution="NAME.py"`; the test run swaps in
+# solutions/NAME.py, so the learner sees the stub while nbval checks the notebook with the answer.
+SOLUTIONS = Path(__file__).resolve().parent / "solutions"
+
+
+def use_solutions(notebook) -> None:
+    """Replace the source of every cell tagged ``exercise`` with the solution file it names."""
+    for cell in notebook.cells:
+        if "exercise" in cell.metadata.get("tags", []):
+            name = cell.metadata.get("solution")
+            if not name or not (SOLUTIONS / name).is_file():
+                raise pytest.UsageError(
+                    f"exercise cell needs solution=\"NAME.py\" naming a file in {SOLUTIONS}; "
+                    f"got {name!r}")
+            cell.source = (SOLUTIONS / name).read_text()
+# --- end exercises -------------------------------------------------------------------------------
+
+
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("AMP_TUTORIAL_PRESET", "smoke")  # inherited by the notebook kernels
     os.environ.setdefault("MPLBACKEND", "agg")
+
+
+class NotAModule(pytest.File):
+    """Collects nothing: a notebook named on the command line is not a Python test module."""
+
+    def collect(self):
+        return []
+
+
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector):
+    # pytest imports any .py file given as an argument; `pytest notebooks/06_x.py` must only run
+    # it under nbval (pytest_collect_file below), not import it.
+    if is_notebook(module_path):
+        return NotAModule.from_parent(parent, path=module_path)
+    return None
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):

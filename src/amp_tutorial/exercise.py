@@ -1,0 +1,414 @@
+"""The ``train_with_amp`` exercise: a small problem, an fp32 baseline and a checker naming mistakes.
+
+``check_train_with_amp(fn)`` trains a tiny MLP with the learner's function on the CPU (float16 with
+and without clipping, then bfloat16) while it watches, without relying on how the code is spelled:
+autocast state at each forward and backward, which tensor is backpropagated, the gradients before
+each backward and between backward and unscaling, who calls ``optimizer.step``, and the
+``GradScaler`` calls. It then compares the returned loss history with plain fp32 training.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from unittest import mock
+
+import torch
+from torch import nn
+
+# The problem every check runs: small enough to answer in about a second on a laptop CPU.
+EPOCHS = 4
+N_BATCHES = 4
+BATCH_SIZE = 64
+LEARNING_RATE = 1e-2
+MAX_GRAD_NORM = 0.1  # below the problem's gradient norm (about 0.25), so clipping really clips
+HISTORY_RTOL = 0.02  # correct fp16 / bf16 runs stay within 0.2% of fp32 here; 2% leaves room
+DEVICE_TYPE = "cpu"  # fp16 and bf16 autocast and GradScaler("cpu") all work on the CPU
+
+# Problem keys: one per mistake the checker can name.
+RAISED = "raised"
+NO_BACKWARD = "no-backward"
+NO_OPTIMIZER_STEP = "no-optimizer-step"
+FORWARD_NOT_AUTOCAST = "forward-not-autocast"
+WRONG_AUTOCAST_DTYPE = "wrong-autocast-dtype"
+BACKWARD_IN_AUTOCAST = "backward-in-autocast"
+LOSS_NOT_SCALED = "loss-not-scaled"
+OPTIMIZER_STEP_DIRECT = "optimizer-step-direct"
+NO_SCALER_UPDATE = "no-scaler-update"
+GRADS_NOT_ZEROED = "grads-not-zeroed"
+CLIP_BEFORE_UNSCALE = "clip-before-unscale"
+NOT_CLIPPED = "not-clipped"
+BAD_HISTORY = "bad-loss-history"
+HISTORY_NOT_LIKE_FP32 = "history-not-like-fp32"
+
+TrainFn = Callable[..., object]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One mistake: a stable key (for tests) and a plain-words message (for the learner)."""
+
+    key: str
+    message: str
+
+
+@dataclass
+class CheckResult:
+    """What ``check_train_with_amp`` found; ``passed`` is True when it found nothing wrong."""
+
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    @property
+    def keys(self) -> set[str]:
+        return {p.key for p in self.problems}
+
+    def __str__(self) -> str:
+        if self.passed:
+            return ("All checks passed: autocast, GradScaler, clipping, zeroing and the loss "
+                    "history are right (float16 and bfloat16).")
+        lines = [f"{len(self.problems)} problem(s) found:"]
+        lines += [f"  {i}. {p.message}" for i, p in enumerate(self.problems, 1)]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One run of the learner's function: the autocast dtype and an optional clipping norm."""
+
+    name: str
+    amp_dtype: torch.dtype
+    max_grad_norm: float | None = None
+
+
+SCENARIOS = (
+    Scenario("float16", torch.float16),
+    Scenario("float16 + clipping", torch.float16, MAX_GRAD_NORM),
+    Scenario("bfloat16", torch.bfloat16),
+)
+
+
+Batches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def make_exercise_problem(seed: int = 0) -> tuple[nn.Module, Batches]:
+    """A small MLP and ``N_BATCHES`` (inputs, targets) batches of a smooth regression, on the CPU.
+
+    Seeded without touching the global random state, so every call returns the same problem.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                              nn.Linear(32, 1))
+    generator = torch.Generator().manual_seed(seed)
+    direction = torch.randn(8, 1, generator=generator)
+    data = []
+    for _ in range(N_BATCHES):
+        inputs = torch.randn(BATCH_SIZE, 8, generator=generator)
+        data.append((inputs, torch.sin(inputs @ direction)))
+    return model, data
+
+
+def train_fp32(
+    model: nn.Module,
+    data: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    optimizer: torch.optim.Optimizer,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    epochs: int,
+    max_grad_norm: float | None = None,
+) -> list[float]:
+    """Plain fp32 training, the baseline: returns the mean batch loss of each epoch."""
+    history = []
+    for _ in range(epochs):
+        total = 0.0
+        for inputs, targets in data:
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(inputs), targets)
+            loss.backward()
+            if max_grad_norm is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            total += loss.item()
+        history.append(total / len(data))
+    return history
+
+
+@functools.cache
+def _fp32_reference(scenario: Scenario) -> tuple[float, ...]:
+    model, data = make_exercise_problem()
+    optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
+    return tuple(train_fp32(model, data, optimizer, nn.MSELoss(), EPOCHS, scenario.max_grad_norm))
+
+
+class _Spy:
+    """Watches one run of the learner's function and counts what it did at each step."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 scenario: Scenario) -> None:
+        self.model, self.optimizer, self.scenario = model, optimizer, scenario
+        self.params = list(model.parameters())
+        self.count: dict[str, int] = dict.fromkeys(
+            ["forward", "forward_no_autocast", "forward_other_device", "forward_wrong_dtype",
+             "backward", "backward_in_autocast", "backward_unscaled", "backward_not_zeroed",
+             "scale_enabled", "scale_disabled", "unscale", "scaler_step", "update",
+             "optimizer_step", "optimizer_step_direct", "modified_before_unscale",
+             "not_clipped"], 0)
+        self.wrong_dtypes: set[torch.dtype] = set()
+        self.scaled_output: torch.Tensor | None = None  # what the last enabled scale() returned
+        self.after_backward: list[torch.Tensor | None] | None = None  # grads right after backward
+        self.unscaled = False  # unscale_ (explicit or inside step) ran since the last backward
+        self.in_scaler_step = False
+
+    # -- hooks and wrappers --------------------------------------------------------------------
+    def on_forward(self, module: nn.Module, args: tuple) -> None:
+        if not torch.is_grad_enabled():
+            return  # evaluation passes (e.g. under no_grad) are not training steps
+        device_type = DEVICE_TYPE
+        self.count["forward"] += 1
+        if not torch.is_autocast_enabled(device_type):
+            self.count["forward_no_autocast"] += 1
+            if any(torch.is_autocast_enabled(t) for t in ("cuda", "mps", "xpu")
+                   if t != device_type):
+                self.count["forward_other_device"] += 1
+        elif torch.get_autocast_dtype(device_type) != self.scenario.amp_dtype:
+            self.count["forward_wrong_dtype"] += 1
+            self.wrong_dtypes.add(torch.get_autocast_dtype(device_type))
+
+    def backward(self, original: Callable, tensors, *args, **kwargs):
+        self.count["backward"] += 1
+        if torch.is_autocast_enabled(DEVICE_TYPE):
+            self.count["backward_in_autocast"] += 1
+        root = tensors[0] if isinstance(tensors, (tuple, list)) else tensors
+        if self.scaled_output is None or root is not self.scaled_output:
+            self.count["backward_unscaled"] += 1
+        self.scaled_output = None
+        if any(p.grad is not None and bool(p.grad.count_nonzero()) for p in self.params):
+            self.count["backward_not_zeroed"] += 1
+        result = original(tensors, *args, **kwargs)
+        self.after_backward = [None if p.grad is None else p.grad.detach().clone()
+                               for p in self.params]
+        self.unscaled = False
+        return result
+
+    def scale(self, original: Callable, scaler: torch.amp.GradScaler, outputs):
+        result = original(scaler, outputs)
+        if scaler.is_enabled():
+            self.count["scale_enabled"] += 1
+            self.scaled_output = result
+        else:
+            self.count["scale_disabled"] += 1
+        return result
+
+    def _check_unmodified_before_unscale(self, scaler: torch.amp.GradScaler) -> None:
+        if not scaler.is_enabled() or self.unscaled or self.after_backward is None:
+            return
+        self.unscaled = True
+        for p, before in zip(self.params, self.after_backward, strict=True):
+            if (p.grad is None) != (before is None) or (
+                    before is not None and not torch.equal(p.grad, before)):
+                self.count["modified_before_unscale"] += 1
+                return
+
+    def unscale_(self, original: Callable, scaler: torch.amp.GradScaler, optimizer):
+        self.count["unscale"] += scaler.is_enabled()
+        self._check_unmodified_before_unscale(scaler)
+        return original(scaler, optimizer)
+
+    def step(self, original: Callable, scaler: torch.amp.GradScaler, optimizer, *args, **kwargs):
+        self._check_unmodified_before_unscale(scaler)
+        self.in_scaler_step = True
+        try:
+            result = original(scaler, optimizer, *args, **kwargs)
+        finally:
+            self.in_scaler_step = False
+        self.count["scaler_step"] += scaler.is_enabled()  # counted only when it succeeded
+        return result
+
+    def update(self, original: Callable, scaler: torch.amp.GradScaler, *args, **kwargs):
+        self.count["update"] += scaler.is_enabled()
+        return original(scaler, *args, **kwargs)
+
+    def on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        self.count["optimizer_step"] += 1
+        if not self.in_scaler_step:
+            self.count["optimizer_step_direct"] += 1
+        limit = self.scenario.max_grad_norm
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if limit is not None and grads:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g)
+                                                         for g in grads]))
+            if norm > limit * 1.001:
+                self.count["not_clipped"] += 1
+
+    def install(self, stack: ExitStack) -> None:
+        """Register the hooks and wrap the GradScaler methods and autograd's backward."""
+        stack.callback(self.model.register_forward_pre_hook(self.on_forward).remove)
+        stack.callback(self.optimizer.register_step_pre_hook(self.on_optimizer_step).remove)
+        backward = torch.autograd.backward
+        stack.enter_context(mock.patch.object(
+            torch.autograd, "backward", lambda *a, **k: self.backward(backward, *a, **k)))
+        for name in ("scale", "unscale_", "step", "update"):
+            original = getattr(torch.amp.GradScaler, name)
+            spy = getattr(self, name)
+
+            def wrapper(scaler, *args, _original=original, _spy=spy, **kwargs):
+                return _spy(_original, scaler, *args, **kwargs)
+
+            stack.enter_context(mock.patch.object(torch.amp.GradScaler, name, wrapper))
+
+
+def _run(fn: TrainFn, scenario: Scenario) -> tuple[_Spy, object, BaseException | None]:
+    model, data = make_exercise_problem()
+    optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
+    spy = _Spy(model, optimizer, scenario)
+    history, error = None, None
+    with ExitStack() as stack:
+        spy.install(stack)
+        try:
+            history = fn(model, data, optimizer, nn.MSELoss(), EPOCHS, DEVICE_TYPE,
+                         scenario.amp_dtype, max_grad_norm=scenario.max_grad_norm)
+        except Exception as err:  # the learner's bug, reported rather than raised
+            error = err
+    return spy, history, error
+
+
+def _process_problems(spy: _Spy, scenario: Scenario, error: BaseException | None) -> list[Problem]:
+    """Mistakes in how the step is done, from what the spy counted."""
+    c, fp16 = spy.count, scenario.amp_dtype == torch.float16
+    dtype = "torch.float16" if fp16 else "torch.bfloat16"
+    found = []
+    if c["backward"] == 0 and error is None:
+        found.append(Problem(NO_BACKWARD, "backward() was never called, so nothing trained."))
+    if c["forward_no_autocast"]:
+        hint = (" autocast was on for another device type: pass the device_type argument to "
+                "torch.autocast" if c["forward_other_device"] else "")
+        found.append(Problem(FORWARD_NOT_AUTOCAST,
+            f"The forward pass ran without autocast ({c['forward_no_autocast']} of "
+            f"{c['forward']} forward passes): put model(inputs) and the loss inside "
+            f"`with torch.autocast(device_type=device_type, dtype=amp_dtype):`.{hint}"))
+    if c["forward_wrong_dtype"]:
+        got = ", ".join(str(d) for d in spy.wrong_dtypes)
+        found.append(Problem(WRONG_AUTOCAST_DTYPE,
+            f"autocast ran in {got} although amp_dtype was {dtype}: pass dtype=amp_dtype."))
+    if c["backward_in_autocast"]:
+        found.append(Problem(BACKWARD_IN_AUTOCAST,
+            "backward() was called inside the autocast block. Only the forward pass and the "
+            "loss belong there; autograd already runs each op's backward in the forward's dtype. "
+            "Dedent the backward call out of the `with` block."))
+    scaler_used = c["scale_enabled"] + c["scaler_step"] + c["update"] > 0
+    if fp16 and c["backward_unscaled"]:
+        if c["scale_disabled"] and not c["scale_enabled"]:
+            why = ("the GradScaler is disabled (enabled=False, or created for a device type "
+                   "that is not available here), so scaler.scale(loss) returns the loss unchanged. "
+                   "Create it with torch.amp.GradScaler(device_type) for float16.")
+        else:
+            why = ("backward() ran on the unscaled loss, so small float16 gradients flush to "
+                   "zero. Call scaler.scale(loss).backward().")
+        found.append(Problem(LOSS_NOT_SCALED,
+            f"The loss was not scaled before backward in float16 training: {why}"))
+    if (fp16 or scaler_used) and c["optimizer_step_direct"]:
+        found.append(Problem(OPTIMIZER_STEP_DIRECT,
+            "optimizer.step() was called directly instead of scaler.step(optimizer). "
+            "scaler.step unscales the gradients if you have not, and skips the step when they "
+            "contain inf/NaN; a direct call applies scaled or overflowed gradients."))
+    if scaler_used and c["update"] < c["scaler_step"]:
+        found.append(Problem(NO_SCALER_UPDATE,
+            f"scaler.update() is missing: it ran {c['update']} times for {c['scaler_step']} "
+            "scaler.step calls. Call it once after every scaler.step(optimizer), so the scale "
+            "backs off after an overflow and grows again after good steps."))
+    if c["backward_not_zeroed"]:
+        found.append(Problem(GRADS_NOT_ZEROED,
+            f"Gradients were not zeroed between steps ({c['backward_not_zeroed']} backward "
+            "calls added to the previous step's gradients). Call optimizer.zero_grad() "
+            "(set_to_none either way) once per step, before backward."))
+    if c["modified_before_unscale"]:
+        found.append(Problem(CLIP_BEFORE_UNSCALE,
+            "The gradients were changed (clipped?) between backward and scaler.unscale_: they "
+            "were still multiplied by the scale, so clip_grad_norm_ measured and clipped the "
+            "scaled norm. Call scaler.unscale_(optimizer) first, then clip, then "
+            "scaler.step(optimizer)."))
+    if c["not_clipped"]:
+        found.append(Problem(NOT_CLIPPED,
+            f"max_grad_norm={scenario.max_grad_norm} was given, but {c['not_clipped']} "
+            "optimizer steps saw a larger gradient norm. Clip with "
+            "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm) after "
+            "scaler.unscale_(optimizer) and before scaler.step(optimizer)."))
+    if error is None and c["backward"] and c["optimizer_step"] == 0:
+        found.append(Problem(NO_OPTIMIZER_STEP,
+            "The optimizer passed in never stepped, so the weights never changed. Step the "
+            "optimizer you were given (through scaler.step when a scaler is used)."))
+    if error is not None:  # last: often GradScaler refusing a call order named above
+        cause = " (a consequence of the mistake above)" if found else ""
+        found.append(Problem(RAISED,
+            f"train_with_amp raised {type(error).__name__}{cause}: {error}"))
+    return found
+
+
+def _history_problems(history: object, reference: Sequence[float], other_problems: bool
+                      ) -> list[Problem]:
+    """Mistakes in the returned loss history, judged against plain fp32 training."""
+    def bad(message: str) -> list[Problem]:
+        return [Problem(BAD_HISTORY, message)]
+
+    if history is None:
+        return bad("train_with_amp returned None: return the list of per-epoch mean losses.")
+    if isinstance(history, torch.Tensor) or not isinstance(history, Sequence):
+        return bad(f"train_with_amp returned a {type(history).__name__}: return a list of "
+                   "floats, one mean loss per epoch.")
+    if any(isinstance(v, torch.Tensor) for v in history):
+        return bad("The loss history holds tensors: append loss.item() (a float), not the loss "
+                   "tensor, which also keeps every step's autograd graph alive.")
+    if not all(isinstance(v, numbers.Real) for v in history):
+        return bad("The loss history must hold plain numbers (floats).")
+    if len(history) != len(reference):
+        per_step = " (that is one per step)" if len(history) == len(reference) * N_BATCHES else ""
+        return bad(f"Expected one mean loss per epoch ({len(reference)} values for "
+                   f"epochs={len(reference)}), got {len(history)}{per_step}.")
+    values = [float(v) for v in history]
+    if not all(math.isfinite(v) for v in values):
+        return bad(f"The loss history contains inf or NaN: {values}.")
+    ratio = values[0] / reference[0]
+    if ratio > 100:
+        return bad(f"The losses are about {ratio:.3g} times the fp32 losses: that is the scaled "
+                   "loss. Record loss.item(), not scaler.scale(loss).item().")
+    if math.isclose(ratio, N_BATCHES, rel_tol=0.05):
+        return bad("The losses are the per-epoch sum: divide by the number of batches "
+                   "to get the mean loss per epoch.")
+    worst = max(abs(v - r) / r for v, r in zip(values, reference, strict=True))
+    if worst > HISTORY_RTOL and not other_problems:  # other mistakes explain a mismatch already
+        pairs = ", ".join(f"{v:.4f} vs {r:.4f}" for v, r in zip(values, reference, strict=True))
+        return [Problem(HISTORY_NOT_LIKE_FP32,
+            f"The loss history does not follow fp32 training (yours vs fp32: {pairs}; "
+            f"they differ by up to {worst:.1%}). Return the mean batch loss of each epoch, "
+            "with loss.item() taken from the unscaled loss.")]
+    return []
+
+
+def check_train_with_amp(fn: TrainFn) -> CheckResult:
+    """Run ``fn`` on a small CPU problem (fp16, fp16 with clipping, bf16) and name every mistake.
+
+    ``fn(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype, max_grad_norm=None)``
+    must return the mean loss of each epoch. Takes about a second on a laptop CPU.
+    """
+    found: dict[str, Problem] = {}
+    where: dict[str, list[str]] = {}
+    for scenario in SCENARIOS:
+        spy, history, error = _run(fn, scenario)
+        problems = _process_problems(spy, scenario, error)
+        if error is None:
+            problems += _history_problems(history, _fp32_reference(scenario), bool(problems))
+        for problem in problems:
+            found.setdefault(problem.key, problem)
+            where.setdefault(problem.key, []).append(scenario.name)
+    result = CheckResult()
+    for key, problem in found.items():
+        runs = ", ".join(where[key])
+        result.problems.append(Problem(key, f"[{runs}] {problem.message}"))
+    return result
