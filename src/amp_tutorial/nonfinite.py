@@ -24,7 +24,7 @@ def check_finite_loss(loss: torch.Tensor | float, step: int) -> float:
 
     Reading the value synchronises the device; in a long run, check every few steps instead.
     """
-    value = float(loss)
+    value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
     if not math.isfinite(value):
         raise NonFiniteLossError(
             f"loss is {value} at step {step}. The forward pass produced inf/NaN: find the first "
