@@ -58,7 +58,8 @@ torch.backends.cudnn.benchmark = False
 
 inputs, targets = make_problem(preset.grid, info.device)
 loss_fn = nn.MSELoss()
-work_dir = Path(tempfile.mkdtemp(prefix="amp05_"))  # checkpoints and the DDP run go here
+scratch = tempfile.TemporaryDirectory(prefix="amp05_")  # removed when the kernel stops
+work_dir = Path(scratch.name)  # checkpoints and the DDP run go here
 
 
 def new_model(seed: int = 0) -> nn.Module:
@@ -543,7 +544,7 @@ migration = pd.DataFrame([
      '@torch.amp.custom_fwd(device_type="cuda") / custom_bwd(device_type="cuda")'),
     ('Apex: model, opt = amp.initialize(model, opt, opt_level="O1")',
      "delete it; put torch.autocast around forward + loss"),
-    ('Apex: opt_level="O2" / "O3" (fp16 weights, fp32 master copy)',
+    ('Apex: opt_level="O2" (fp16 weights + fp32 master copy) or "O3" (all fp16)',
      "no equivalent: weights stay fp32, autocast casts per op"),
     ("Apex: with amp.scale_loss(loss, opt) as scaled: scaled.backward()",
      "scaler.scale(loss).backward(); scaler.step(opt); scaler.update()"),
@@ -661,11 +662,11 @@ with torch.autocast(info.type, dtype=torch.float16):
 #   `torch.backends.cuda.matmul.allow_tf32`). The baseline is then already fast and AMP's gain is
 #   smaller; lesson 03 names the baseline it measured, and `pdm run bench --strict-fp32` turns
 #   TF32 off.
-# - **First-call kernel search.** cuDNN (with `torch.backends.cudnn.benchmark = True`) and, on
-#   ROCm, MIOpen search for the fastest kernel the first time they see a shape. On ROCm that can
-#   take seconds per shape; MIOpen caches the result in its user database (by default under
-#   `~/.config/miopen`, worth keeping in a volume in Docker). Warm up before timing, and expect
-#   changing shapes (variable sequence lengths, the last smaller batch) to trigger new searches.
+# - **First-call kernel search.** cuDNN (with `torch.backends.cudnn.benchmark = True`) and
+#   MIOpen on ROCm can search for the fastest kernel the first time they see a shape; on ROCm that
+#   first call can take seconds. MIOpen keeps what it found in its user database (by default
+#   under `~/.config/miopen`, worth keeping in a volume in Docker). Warm up before timing, and
+#   expect changing shapes (variable sequence lengths, a smaller last batch) to search again.
 
 # %%
 layer_sizes = pd.DataFrame([

@@ -157,7 +157,7 @@ def train(args: argparse.Namespace) -> Summary:
                       batch_rows=batch_rows, steps=epochs * len(loader))
     log(f"DDP: {world_size} process(es), backend {summary.backend}, device type {device.type}, "
         f"autocast {summary.amp_dtype}, GradScaler {'on' if use_scaler else 'off'}, "
-        f"SyncBatchNorm {'on' if sync_bn else 'off'}; preset {preset.name}, {epochs} epochs x "
+        f"SyncBatchNorm {'on' if sync_bn else 'off'}; preset {preset.name}, {epochs} epoch(s) x "
         f"{len(loader)} steps, {batch_rows} rows per process per step")
 
     step = 0
