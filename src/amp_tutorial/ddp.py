@@ -205,6 +205,7 @@ def train(args: argparse.Namespace) -> Summary:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse and check the options before any process group exists; exit 2 with a clear error."""
     parser = argparse.ArgumentParser(
         prog="python -m amp_tutorial.ddp", description=__doc__.splitlines()[0],
         epilog="Launch N processes with: torchrun --standalone --nproc-per-node N -m "
@@ -230,7 +231,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     if args.lr <= 0:
         parser.error(f"--lr must be positive, got {args.lr}")
-    rank, local_rank, world_size = _distributed_env()
+    _, local_rank, world_size = _distributed_env()
     try:
         args.device_obj = _device_for(args.device, local_rank, world_size)
         get_preset(args.preset, args.device_obj.type)
@@ -240,6 +241,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Join (or, without torchrun, create) the process group, train, and always leave it."""
     args = parse_args(argv)
     device = args.device_obj
     device_id = None
