@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Container entry point: JupyterLab on the course, on all interfaces of the container, with a token.
+"""Container entry point: JupyterLab on the course, on all the container's interfaces, with a token.
 
 The token is $JUPYTER_TOKEN if set, otherwise a random one, printed with the URL. An empty token is
 refused: it would let anyone who reaches the port run code. Compose publishes the port on
