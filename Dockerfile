@@ -20,7 +20,8 @@ RUN --mount=type=secret,id=ca-bundle \
  && python -m venv /opt/pdm \
  && /opt/pdm/bin/pip install --no-cache-dir --quiet "pdm[locked]==2.29.3" \
  && PDM_CHECK_UPDATE=false /opt/pdm/bin/pdm export --prod --output locked.txt \
- && awk '/^[^ ]/ { skip = /^(torch|triton|nvidia-|cuda-)/ } !skip' locked.txt > requirements.txt
+ && awk '/^[^ ]/ { skip = /^(torch|triton|nvidia-[^=]*|cuda-[^=]*)==/ } !skip' locked.txt \
+      > requirements.txt
 
 # ---- Stage 2: the image ----
 FROM ${BASE_IMAGE}

@@ -52,7 +52,8 @@ COMPOSE_SETTINGS = {
     "NB_UID", "NB_GID", "AMP_TUTORIAL_NOTEBOOKS", "AMP_TUTORIAL_CA_BUNDLE", "AMP_TUTORIAL_IMAGE",
     "VIDEO_GID", "RENDER_GID", "COMPOSE_FILE", "COMPOSE_PROFILES", "COMPOSE_PROJECT_NAME",
 }
-NOT_FROM_LOCK = re.compile(r"^(torch|triton|nvidia-|cuda-)", re.IGNORECASE)
+# Distributions the base image provides; the course venv must not install its own.
+NOT_FROM_LOCK = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*)$", re.IGNORECASE)
 
 
 def missing(reason: str) -> NoReturn:
