@@ -75,6 +75,6 @@ USER ${NB_UID}:${NB_GID}
 WORKDIR /home/learner/notebooks
 ENV AMP_TUTORIAL_NOTEBOOKS=/home/learner/notebooks
 EXPOSE 8888
-HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8888/api', timeout=4)"]
+HEALTHCHECK --interval=5s --timeout=3s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8888/api', timeout=2)"]
 CMD ["start-lab"]
