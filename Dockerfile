@@ -56,7 +56,7 @@ RUN --mount=type=secret,id=ca-bundle \
 
 # A non-root user whose UID/GID match the host user's, so files written to the bind-mounted
 # notebooks/ belong to that user. Ubuntu bases already have a user 1000 (`ubuntu`): it makes way.
-# `render` must exist for compose's group_add in the ROCm variant; Debian and Ubuntu lack it.
+# `render` must exist for compose's group_add in the ROCm variant; most base images lack it.
 ARG NB_UID=1000
 ARG NB_GID=1000
 RUN if [ "${NB_UID}" = 0 ] || [ "${NB_GID}" = 0 ]; then \
