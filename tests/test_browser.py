@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,8 +37,8 @@ UI_TIMEOUT_MS = 60_000  # any one UI step: page load, a double-click opening a t
 RUN_ALL_TIMEOUT_MS = 300_000  # a whole lesson at the smoke preset: 10-30 s here
 FIGURE_CELL = re.compile(r"^fig = ", re.MULTILINE)  # the lessons' convention for a cell's figure
 
-# What a finished code cell looks like in the DOM. Errors render with the error mime type;
-# a traceback printed to stderr (e.g. by a library that catches and logs) counts too.
+# What a code cell shows after Run All. IPython's errors render as stderr text with a traceback;
+# the error mime type is matched too, in case a future JupyterLab renders them with their own.
 READ_CELLS_JS = """(panel) => Array.from(panel.querySelectorAll(".jp-CodeCell"), (cell) => {
   const outputs = Array.from(cell.querySelectorAll(".jp-OutputArea-output"));
   const mime = (o) => o.dataset.mimeType;
@@ -53,14 +54,14 @@ READ_CELLS_JS = """(panel) => Array.from(panel.querySelectorAll(".jp-CodeCell"),
       (t) => Array.from(t.querySelectorAll("tbody th"), (th) => th.textContent.trim())),
   };
 })"""
-# Run All is finished when no cell is running or queued ([*]) and either every code cell has an
-# execution count or an error stopped the run.
+# Run All is over when the first cell has run, no cell is running or queued ([*]), and the kernel
+# is idle. This holds whether every cell ran or an error stopped the run (the rest stay [ ]).
 RUN_FINISHED_JS = """(panel) => {
   const prompts = Array.from(panel.querySelectorAll(".jp-CodeCell .jp-InputArea-prompt"),
                              (p) => p.textContent.trim());
-  if (prompts.some((p) => p.includes("*"))) return false;
-  const error = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.error"]';
-  return panel.querySelector(error) !== null || prompts.every((p) => /^\\[\\d+\\]:$/.test(p));
+  const status = panel.querySelector(".jp-Notebook-ExecutionIndicator")?.dataset.status;
+  return /^\\[\\d+\\]:$/.test(prompts[0]) && !prompts.some((p) => p.includes("*"))
+    && status === "idle";
 }"""
 
 
@@ -95,7 +96,7 @@ def marker() -> Iterator[str]:
     yield value
     leftovers = processes_with(value)
     for pid in leftovers:
-        os.kill(pid, 9)
+        os.kill(pid, signal.SIGKILL)
     assert not leftovers, f"processes left behind (now killed): {leftovers}"
 
 
@@ -166,8 +167,6 @@ def run_all(page: Page, panel: Locator, kernel: str, n_code_cells: int) -> None:
     page.locator(".lm-Menu-itemLabel").get_by_text("Run All Cells", exact=True).click()
     page.wait_for_function(RUN_FINISHED_JS, arg=panel.element_handle(), timeout=RUN_ALL_TIMEOUT_MS,
                            polling=500)
-    expect(panel.locator(".jp-Notebook-ExecutionIndicator")).to_have_attribute(
-        "data-status", "idle")
 
 
 def read_cells(panel: Locator, sources: list[str]) -> list[Cell]:
@@ -250,16 +249,15 @@ def test_lesson_runs_in_the_browser(filename: str, page: Page, lab: LabServer,
 
 def test_a_failing_cell_is_reported(page: Page, lab: LabServer) -> None:
     """The error check above sees a real traceback, and Run All stops there."""
+    header = (lab.root / next(iter(LESSONS))).read_text().split("# %%")[0]  # a lesson's metadata
     source = ["x = 1", 'raise ValueError("raised on purpose")', "y = 2"]
-    notebook = jupytext.reads("\n\n".join(f"# %%\n{line}" for line in source), fmt="py:percent")
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)",
-                                       "language": "python"}
-    jupytext.write(notebook, lab.root / "zz_fails_on_purpose.py", fmt="py:percent")
-    page.locator(".jp-DirListing-headerItem").first.wait_for()  # the file browser is up
-    page.locator(".jp-ToolbarButtonComponent[data-command='filebrowser:refresh']").click()
+    path = lab.root / "zz_fails_on_purpose.py"
+    path.write_text(header + "".join(f"# %%\n{line}\n\n" for line in source))
+    notebook = jupytext.read(path)
+    page.reload()  # the file browser lists the new file
 
-    panel = open_in_file_browser(page, "zz_fails_on_purpose.py")
-    run_all(page, panel, "Python 3 (ipykernel)", len(source))
+    panel = open_in_file_browser(page, path.name)
+    run_all(page, panel, notebook.metadata["kernelspec"]["display_name"], len(source))
     first, failing, after = read_cells(panel, source)
     assert first.prompt == "[1]:" and not first.errors
     assert failing.errors and "ValueError: raised on purpose" in failing.errors[0]
@@ -275,7 +273,8 @@ def test_lab_without_the_token_gives_no_access(browser: Browser, lab: LabServer)
         page = context.new_page()
         page.goto(f"{lab.url}/lab", timeout=UI_TIMEOUT_MS)
         expect(page).to_have_url(re.compile(r"/login\b"))
-        expect(page.locator("input[type=password]")).to_be_visible()
+        token_field = page.get_by_role("textbox", name=re.compile("token", re.IGNORECASE))
+        expect(token_field).not_to_have_count(0)
         expect(page.locator(".jp-DirListing-item")).to_have_count(0)
     finally:
         context.close()
