@@ -89,7 +89,7 @@ class LabServer:
             try:
                 self.api("/api/shutdown", "POST")
                 self.process.wait(timeout=STOP_TIMEOUT_S)
-            except (OSError, subprocess.TimeoutExpired):
+            except (OSError, ValueError, subprocess.TimeoutExpired):  # not answering: signal it
                 pass
         for sig in (signal.SIGTERM, signal.SIGKILL):
             if self.process.poll() is not None:
