@@ -1,6 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -222,9 +223,11 @@ for name, r in runs.items():
         assert r["losses"][-1] < 2 * base["losses"][-1] + 0.01, f"{name} trained much worse"
 speedups = results["speedup (t_fp32 / t)"].drop(baseline_name)
 best, speedup = speedups.idxmax(), speedups.max()
-print(f"On {info.name} ({info.backend}), preset {preset.name}: {best} ran {speedup:.2f}x as fast "
-      f"per step as {baseline_name} ({1 - 1 / speedup:.0%} less time), and saved "
-      f"{1 - results.loc[best, 'activations vs fp32']:.0%} of the activation memory.")
+faster = (f"{1 - 1 / speedup:.0%} less time per step" if speedup > 1
+          else f"{1 / speedup - 1:.0%} more time per step: no speedup at this size")
+print(f"On {info.name} ({info.backend}), preset {preset.name}: {best} ran at {speedup:.2f}x the "
+      f"speed of {baseline_name} ({faster}), and kept "
+      f"{results.loc[best, 'activations vs fp32']:.0%} of fp32's activation bytes.")
 
 # %%
 bars = {"time per step (ms)": results["time/step median (ms)"].to_dict(),

@@ -18,7 +18,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,8 +101,11 @@ class LabServer:
                 continue
 
 
-def start_lab(root: Path, workdir: Path, env: Mapping[str, str]) -> LabServer:
-    """Start ``pdm run lab``'s command on ``root`` with a fresh token; return once the API answers.
+def start_lab(root: Path, workdir: Path, env: Mapping[str, str],
+              command: Callable[[list[str]], list[str]] = lab_command,
+              cwd: Path | None = None) -> LabServer:
+    """Start ``pdm run lab``'s command (or ``command``) on ``root`` with a fresh token, in ``cwd``;
+    return once the API answers.
 
     ``env`` is added to this process's environment; Jupyter's own folders go under ``workdir``.
     """
@@ -119,11 +122,12 @@ def start_lab(root: Path, workdir: Path, env: Mapping[str, str]) -> LabServer:
     })
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(NOTEBOOKS_ENV, str(root))
-        command = lab_command(["--no-browser", f"--port={port}"])
+        argv = command(["--no-browser", f"--port={port}"])
     log = workdir / "jupyterlab.log"
     with log.open("wb") as out:
-        process = subprocess.Popen(command, env=server_env, stdout=out, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        process = subprocess.Popen(argv, env=server_env, cwd=cwd, stdout=out,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
     server = LabServer(f"http://127.0.0.1:{port}", token, root, log, process)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -7,19 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from amp_tutorial import lab
+from tests.lab_server import start_lab
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,20 +49,6 @@ def test_settings_are_installed_into_the_environment():
     assert viewers["python"] == "Jupytext Notebook"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as err:
-        return err.code, b""
-
-
 def _listening_addresses(port: int) -> set[str]:
     """Local IPv4/IPv6 addresses listening on ``port``, read from /proc/net (Linux)."""
     found = set()
@@ -81,70 +61,41 @@ def _listening_addresses(port: int) -> set[str]:
     return found
 
 
-def _start(cmd: list[str], port: int, cwd: Path):
-    env = {k: v for k, v in os.environ.items() if k != "JUPYTER_TOKEN"}
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited early:\n{proc.stdout.read()}")
-        try:
-            if _get(f"http://127.0.0.1:{port}/api")[0] == 200:
-                return proc
-        except OSError:
-            pass
-        time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)
-    pytest.fail("JupyterLab did not answer within 90 s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+def _plain_jupyter_lab(extra: list[str]) -> list[str]:
+    """The seed's spelling, `pdm run jupyter-lab`, from the project root: no course launcher."""
+    root_flag = ["--allow-root"] if os.geteuid() == 0 else []
+    return [str(Path(sys.executable).with_name("jupyter-lab")), *extra, *root_flag]
 
 
 @pytest.fixture(params=["pdm run lab", "pdm run jupyter-lab"])
-def server(request):
-    """The server as each documented command starts it (a token we choose, a free port)."""
-    port, token = _free_port(), secrets.token_hex(16)
-    extra = ["--no-browser", f"--port={port}", f"--IdentityProvider.token={token}"]
-    if request.param == "pdm run lab":
-        cmd = lab.lab_command(extra)
-    else:  # the seed's spelling: plain jupyter-lab from the project root
-        cmd = [str(Path(sys.executable).with_name("jupyter-lab")), *extra]
-        if os.geteuid() == 0:
-            cmd.append("--allow-root")
-    proc = _start(cmd, port, ROOT)
-    yield f"http://127.0.0.1:{port}", token, request.param, port
-    _stop(proc)
+def server(request, tmp_path):
+    """The server as each documented command starts it (random token, free loopback port)."""
+    command = lab.lab_command if request.param == "pdm run lab" else _plain_jupyter_lab
+    lab_server = start_lab(ROOT / "notebooks", tmp_path, {}, command=command, cwd=ROOT)
+    yield lab_server, request.param
+    lab_server.stop()
 
 
 def test_server_serves_the_course_with_the_lab_settings(server):
-    base, token, how, port = server
+    lab_server, how = server
+    port = int(lab_server.url.rsplit(":", 1)[1])
     if Path("/proc/net/tcp").exists():
         # 127.0.0.1 in /proc/net/tcp's little-endian hex; never 0.0.0.0 on the host
         assert _listening_addresses(port) == {"0100007F"}
-    assert _get(f"{base}/api/status")[0] == 403, "the API must refuse requests without the token"
-    status, body = _get(f"{base}/api/status?token={token}")
-    assert status == 200 and "started" in json.loads(body)
+    assert lab_server.api("/api/status", token=None)[0] == 403, "no token must mean no access"
+    status, body = lab_server.api("/api/status")
+    assert status == 200 and "started" in body
 
-    _, body = _get(f"{base}/lab/api/settings/@jupyterlab/docmanager-extension:plugin?token={token}")
-    viewers = json.loads(body)["schema"]["properties"]["defaultViewers"]["default"]
+    _, body = lab_server.api("/lab/api/settings/@jupyterlab/docmanager-extension:plugin")
+    viewers = body["schema"]["properties"]["defaultViewers"]["default"]
     assert viewers == {"python": "Jupytext Notebook"}, f"{how}: .py files would open as text"
 
-    _, body = _get(f"{base}/lab/api/settings/@jupyterlab/apputils-extension:notification"
-                   f"?token={token}")
-    notification = json.loads(body)["schema"]["properties"]
+    _, body = lab_server.api("/lab/api/settings/@jupyterlab/apputils-extension:notification")
+    notification = body["schema"]["properties"]
     assert notification["fetchNews"]["default"] == "false"
     assert notification["checkForUpdates"]["default"] is False
 
-    prefix = "" if how == "pdm run lab" else "notebooks/"
-    _, body = _get(f"{base}/api/contents/{prefix}03_amp_training.py?token={token}&type=notebook")
-    notebook = json.loads(body)
+    prefix = "" if how == "pdm run lab" else "notebooks/"  # jupyter-lab is rooted at its cwd
+    _, notebook = lab_server.api(f"/api/contents/{prefix}03_amp_training.py?type=notebook")
     assert notebook["type"] == "notebook"  # jupytext serves the .py file as a notebook
     assert any("torch.autocast" in "".join(c["source"]) for c in notebook["content"]["cells"])

@@ -125,7 +125,7 @@ def time_steps(
     synchronize(device)
     samples: list[float] = []
     results: list[object] = []
-    for i in tqdm(range(n_steps), desc=desc, disable=not progress, leave=False):
+    for i in tqdm(range(n_steps), desc=desc, disable=not progress):
         start = time.perf_counter()
         results.append(step(i))
         synchronize(device)

@@ -16,7 +16,7 @@ def plot_dtype_ranges(dtypes: Sequence[torch.dtype] = FLOAT_DTYPES) -> Figure:
     """Log2 of the smallest subnormal, smallest normal and largest value of each dtype."""
     from amp_tutorial.device import dtype_name
 
-    fig, ax = plt.subplots(figsize=(8, 3))
+    fig, ax = plt.subplots(figsize=(9, 3))
     for row, dtype in enumerate(dtypes):
         fi = torch.finfo(dtype)
         low, normal, high = np.log2([fi.smallest_normal * fi.eps, fi.smallest_normal, fi.max])
@@ -27,8 +27,8 @@ def plot_dtype_ranges(dtypes: Sequence[torch.dtype] = FLOAT_DTYPES) -> Figure:
         ax.text(high + 3, row, f"eps = 2^{int(np.log2(fi.eps))}", va="center", fontsize=8)
     ax.set_yticks(range(len(dtypes)), [dtype_name(d) for d in dtypes])
     ax.set_xlabel("magnitude (log2 scale, powers of two)")
-    ax.set_title("Representable magnitudes: fp16 trades range for precision; bf16 keeps fp32's")
-    ax.legend(loc="center left", fontsize=8)
+    ax.set_title("Representable magnitudes by dtype")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.12, 1.0), fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
@@ -36,10 +36,11 @@ def plot_dtype_ranges(dtypes: Sequence[torch.dtype] = FLOAT_DTYPES) -> Figure:
 
 def plot_image(image: torch.Tensor | np.ndarray, title: str) -> Figure:
     """One (H, W) or (1, 1, H, W) image, such as the target, with a colour bar."""
-    fig, ax = plt.subplots(figsize=(4, 3.5))
+    fig, ax = plt.subplots(figsize=(5, 4))
     shown = ax.imshow(_as_2d(image), cmap="viridis", origin="lower", extent=(0, 1, 0, 1))
-    ax.set(title=title, xlabel="x (normalised)", ylabel="y (normalised)")
-    fig.colorbar(shown, ax=ax, label="value")
+    ax.set(xlabel="x (normalised)", ylabel="y (normalised)")
+    fig.suptitle(title)
+    fig.colorbar(shown, ax=ax, label="target value (0 to 1)")
     fig.tight_layout()
     return fig
 
