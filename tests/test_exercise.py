@@ -1,16 +1,22 @@
 """check_train_with_amp: every listed mistake is named, and every correct variant passes.
 
-Each wrong implementation below is the reference loop with exactly one mistake, so the checker must
-report that mistake's key and nothing else.
+``amp_loop()`` builds the reference loop; each wrong case changes exactly one thing in it, so the
+checker must report that mistake's key and nothing else. The checker watches what the code does at
+run time (autocast state, backward, GradScaler and optimizer calls, the returned history), so a
+built loop and a hand-written one with the same steps look the same to it;
+``test_builder_defaults_are_the_reference_loop`` keeps the builder honest about that.
 """
 
 from __future__ import annotations
 
 import runpy
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from amp_tutorial import exercise
 from amp_tutorial.exercise import check_train_with_amp
@@ -19,257 +25,187 @@ SOLUTION = Path(__file__).resolve().parents[1] / "solutions" / "train_with_amp.p
 reference_solution = runpy.run_path(str(SOLUTION))["train_with_amp"]
 
 
-# -- one mistake each ------------------------------------------------------------------------------
-def loss_not_scaled(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype,
-                    max_grad_norm=None):
-    scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
-    history = []
-    for _ in range(epochs):
-        total = 0.0
-        for inputs, targets in data:
-            optimizer.zero_grad()
-            with torch.autocast(device_type, dtype=amp_dtype):
-                loss = loss_fn(model(inputs), targets)
-            loss.backward()  # mistake
-            if max_grad_norm is not None:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            total += loss.item()
-        history.append(total / len(data))
-    return history
-
-
-def scaler_disabled_for_fp16(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype,
-                             max_grad_norm=None):
-    scaler = torch.amp.GradScaler(device_type, enabled=False)  # mistake
-    history = []
-    for _ in range(epochs):
-        total = 0.0
-        for inputs, targets in data:
-            optimizer.zero_grad()
-            with torch.autocast(device_type, dtype=amp_dtype):
-                loss = loss_fn(model(inputs), targets)
-            scaler.scale(loss).backward()
-            if max_grad_norm is not None:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            total += loss.item()
-        history.append(total / len(data))
-    return history
-
-
-def optimizer_step_direct(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype,
-                          max_grad_norm=None):
-    scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
-    history = []
-    for _ in range(epochs):
-        total = 0.0
-        for inputs, targets in data:
-            optimizer.zero_grad()
-            with torch.autocast(device_type, dtype=amp_dtype):
-                loss = loss_fn(model(inputs), targets)
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-            if max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            optimizer.step()  # mistake: no skip on inf/NaN
-            scaler.update()
-            total += loss.item()
-        history.append(total / len(data))
-    return history
-
-
-def no_scaler_update(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype,
-                     max_grad_norm=None):
-    scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
-    history = []
-    for _ in range(epochs):
-        total = 0.0
-        for inputs, targets in data:
-            optimizer.zero_grad()
-            with torch.autocast(device_type, dtype=amp_dtype):
-                loss = loss_fn(model(inputs), targets)
-            scaler.scale(loss).backward()
-            if max_grad_norm is not None:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            scaler.step(optimizer)  # mistake: no scaler.update() after it
-            total += loss.item()
-        history.append(total / len(data))
-    return history
-
-
-def grads_not_zeroed(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype,
-                     max_grad_norm=None):
-    scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
-    history = []
-    optimizer.zero_grad()  # mistake: once, not every step
-    for _ in range(epochs):
-        total = 0.0
-        for inputs, targets in data:
-            with torch.autocast(device_type, dtype=amp_dtype):
-                loss = loss_fn(model(inputs), targets)
-            scaler.scale(loss).backward()
-            if max_grad_norm is not None:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            total += loss.item()
-        history.append(total / len(data))
-    return history
-
-
-def forward_not_autocast(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype,
-                         max_grad_norm=None):
-    scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
-    history = []
-    for _ in range(epochs):
-        total = 0.0
-        for inputs, targets in data:
-            optimizer.zero_grad()
-            loss = loss_fn(model(inputs), targets)  # mistake: no autocast
-            scaler.scale(loss).backward()
-            if max_grad_norm is not None:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            total += loss.item()
-        history.append(total / len(data))
-    return history
-
-
-def backward_in_autocast(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype,
-                         max_grad_norm=None):
-    scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
-    history = []
-    for _ in range(epochs):
-        total = 0.0
-        for inputs, targets in data:
-            optimizer.zero_grad()
-            with torch.autocast(device_type, dtype=amp_dtype):
-                loss = loss_fn(model(inputs), targets)
-                scaler.scale(loss).backward()  # mistake: inside the with block
-            if max_grad_norm is not None:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            total += loss.item()
-        history.append(total / len(data))
-    return history
-
-
-def clip_before_unscale(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype,
-                        max_grad_norm=None):
-    scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
-    history = []
-    for _ in range(epochs):
-        total = 0.0
-        for inputs, targets in data:
-            optimizer.zero_grad()
-            with torch.autocast(device_type, dtype=amp_dtype):
-                loss = loss_fn(model(inputs), targets)
-            scaler.scale(loss).backward()
-            if max_grad_norm is not None:  # mistake: clips the scaled gradients
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-                scaler.unscale_(optimizer)
-            scaler.step(optimizer)
-            scaler.update()
-            total += loss.item()
-        history.append(total / len(data))
-    return history
-
-
-def clipping_ignored(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype,
-                     max_grad_norm=None):
-    scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
-    history = []
-    for _ in range(epochs):
-        total = 0.0
-        for inputs, targets in data:
-            optimizer.zero_grad()
-            with torch.autocast(device_type, dtype=amp_dtype):
-                loss = loss_fn(model(inputs), targets)
-            scaler.scale(loss).backward()  # mistake: max_grad_norm never used
-            scaler.step(optimizer)
-            scaler.update()
-            total += loss.item()
-        history.append(total / len(data))
-    return history
-
-
-def _history_mistake(record):
-    """The reference loop, with ``record(losses, scaled_losses)`` making the returned history."""
-    def train(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype, max_grad_norm=None):
-        scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
-        losses, scaled = [], []
-        for _ in range(epochs):
-            for inputs, targets in data:
-                optimizer.zero_grad()
-                with torch.autocast(device_type, dtype=amp_dtype):
-                    loss = loss_fn(model(inputs), targets)
-                scaled_loss = scaler.scale(loss)
-                scaled_loss.backward()
-                if max_grad_norm is not None:
-                    scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-                scaler.step(optimizer)
-                scaler.update()
-                losses.append(loss)
-                scaled.append(scaled_loss.item())
-        return record(losses, scaled, len(data))
-    return train
-
-
-def _epoch_means(values, n_batches):
+# -- the loop builder ------------------------------------------------------------------------------
+def epoch_means(values: list[float], n_batches: int) -> list[float]:
+    """The mean of each run of ``n_batches`` values: one per epoch."""
     return [sum(values[i:i + n_batches]) / n_batches for i in range(0, len(values), n_batches)]
 
 
-WRONG = {
-    "loss not scaled": (loss_not_scaled, exercise.LOSS_NOT_SCALED),
-    "scaler disabled in fp16": (scaler_disabled_for_fp16, exercise.LOSS_NOT_SCALED),
-    "optimizer.step direct": (optimizer_step_direct, exercise.OPTIMIZER_STEP_DIRECT),
-    "no scaler.update": (no_scaler_update, exercise.NO_SCALER_UPDATE),
-    "grads not zeroed": (grads_not_zeroed, exercise.GRADS_NOT_ZEROED),
-    "forward not autocast": (forward_not_autocast, exercise.FORWARD_NOT_AUTOCAST),
-    "backward in autocast": (backward_in_autocast, exercise.BACKWARD_IN_AUTOCAST),
-    "clip before unscale_": (clip_before_unscale, exercise.CLIP_BEFORE_UNSCALE),
-    "clipping ignored": (clipping_ignored, exercise.NOT_CLIPPED),
-    "returns None": (_history_mistake(lambda losses, scaled, n: None), exercise.BAD_HISTORY),
-    "history of tensors": (_history_mistake(lambda losses, scaled, n: losses[::n]),
-                           exercise.BAD_HISTORY),
-    "one loss per step": (_history_mistake(lambda losses, scaled, n: [x.item() for x in losses]),
-                          exercise.BAD_HISTORY),
-    "scaled losses": (_history_mistake(lambda losses, scaled, n: _epoch_means(scaled, n)),
-                      exercise.BAD_HISTORY),
-    "last batch, not mean": (
-        _history_mistake(lambda losses, scaled, n: [x.item() for x in losses[n - 1::n]]),
-        exercise.HISTORY_NOT_LIKE_FP32),
-}
-
-# Mistakes that also make GradScaler raise (it refuses step() without scale(), a second step()
-# without update(), and update() without step()); the checker names the mistake, then the error.
-ALSO_RAISES = {"loss not scaled", "no scaler.update", "optimizer.step direct"}
+def mean_loss_per_epoch(losses: list[torch.Tensor], scaled: list[float], n_batches: int) -> object:
+    """What the reference returns: the mean of ``loss.item()`` over each epoch's batches."""
+    return epoch_means([loss.item() for loss in losses], n_batches)
 
 
-@pytest.mark.parametrize("name", list(WRONG))
-def test_each_mistake_is_named(name: str) -> None:
-    fn, key = WRONG[name]
+def amp_loop(
+    *,
+    scaler: str = "fp16",  # "fp16" (enabled for float16), "off", "always" or "none for bf16"
+    enabled_toggles: bool = False,  # pass enabled= to autocast, as code with a use_amp flag does
+    autocast: Callable[..., AbstractContextManager] = torch.autocast,
+    autocast_dtype: torch.dtype | None = None,  # None: amp_dtype
+    zero_grad: str = "each step",  # "each step" (before forward), "after step" or "once"
+    zero_grad_on_model: bool = False,
+    set_to_none: bool | None = True,  # None: zero_grad() with its default
+    forward_in_autocast: bool = True,
+    loss_in_autocast: bool = True,
+    backward_in_autocast: bool = False,
+    scale_loss: bool = True,
+    backward: bool = True,
+    unscale_every_step: bool = False,  # unscale_ also when there is no clipping
+    clip: bool = True,
+    clip_before_unscale: bool = False,
+    clip_value_too: bool = False,  # a no-op clip_grad_value_ after unscale_, before the norm clip
+    step: bool = True,
+    step_via_scaler: bool = True,
+    call_update: bool = True,
+    history: Callable[[list[torch.Tensor], list[float], int], object] = mean_loss_per_epoch,
+) -> Callable[..., object]:
+    """A ``train_with_amp`` doing the reference solution's steps, changed as the options say.
+
+    With the defaults it is the reference loop. ``history(losses, scaled_losses, n_batches)`` makes
+    the return value from every step's loss tensor and ``scaled_loss.item()``.
+    """
+    def zero(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        owner = model if zero_grad_on_model else optimizer
+        if set_to_none is None:
+            owner.zero_grad()
+        else:
+            owner.zero_grad(set_to_none=set_to_none)
+
+    def make_scaler(device_type: str, amp_dtype: torch.dtype) -> torch.amp.GradScaler | None:
+        fp16 = amp_dtype == torch.float16
+        if scaler == "none for bf16":
+            return torch.amp.GradScaler(device_type) if fp16 else None
+        if scaler == "always":  # on for bfloat16 too; small scale and growth interval to move it
+            return torch.amp.GradScaler(device_type, init_scale=2.0**10, growth_interval=3)
+        if scaler == "off":
+            return torch.amp.GradScaler(device_type, enabled=False)
+        assert scaler == "fp16", scaler
+        return torch.amp.GradScaler(device_type, enabled=fp16)
+
+    def train_with_amp(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype,
+                       max_grad_norm=None):
+        grad_scaler = make_scaler(device_type, amp_dtype)
+        use_scaler = grad_scaler is not None
+        clipping = clip and max_grad_norm is not None
+        unscale_now = use_scaler and (clipping or unscale_every_step)
+
+        def amp(on: bool) -> AbstractContextManager:
+            if not on:
+                return nullcontext()
+            dtype = autocast_dtype or amp_dtype
+            if enabled_toggles:
+                return autocast(device_type, dtype=dtype, enabled=True)
+            return autocast(device_type=device_type, dtype=dtype)
+
+        losses, scaled_losses = [], []
+        if zero_grad == "once":
+            zero(model, optimizer)
+        for _ in range(epochs):
+            for inputs, targets in data:
+                if zero_grad == "each step":
+                    zero(model, optimizer)
+                with amp(forward_in_autocast):
+                    outputs = model(inputs)
+                with amp(forward_in_autocast and loss_in_autocast):
+                    loss = loss_fn(outputs, targets)
+                with amp(backward_in_autocast):
+                    scaled = grad_scaler.scale(loss) if use_scaler and scale_loss else loss
+                    if backward:
+                        scaled.backward()
+                if unscale_now and not clip_before_unscale:
+                    grad_scaler.unscale_(optimizer)
+                if clipping:
+                    if clip_value_too:
+                        nn.utils.clip_grad_value_(model.parameters(), 1e9)
+                    nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+                if unscale_now and clip_before_unscale:
+                    grad_scaler.unscale_(optimizer)
+                if step and use_scaler and step_via_scaler:
+                    grad_scaler.step(optimizer)
+                elif step:
+                    optimizer.step()
+                if use_scaler and call_update:
+                    grad_scaler.update()
+                if zero_grad == "after step":
+                    zero(model, optimizer)
+                losses.append(loss)
+                scaled_losses.append(scaled.item())
+        return history(losses, scaled_losses, len(data))
+
+    return train_with_amp
+
+
+def test_builder_defaults_are_the_reference_loop() -> None:
+    for scenario in exercise.SCENARIOS:
+        runs = []
+        for fn in (reference_solution, amp_loop()):
+            model, data = exercise.make_exercise_problem()
+            optimizer = torch.optim.Adam(model.parameters(), lr=exercise.LEARNING_RATE)
+            history = fn(model, data, optimizer, nn.MSELoss(), exercise.EPOCHS,
+                         exercise.DEVICE_TYPE, scenario.amp_dtype, scenario.max_grad_norm)
+            runs.append((history, [p.detach().clone() for p in model.parameters()]))
+        (ref_history, ref_params), (built_history, built_params) = runs
+        assert built_history == pytest.approx(ref_history, rel=1e-12, abs=0), scenario.name
+        assert all(torch.equal(a, b) for a, b in zip(ref_params, built_params, strict=True))
+
+
+# -- one mistake each ------------------------------------------------------------------------------
+# (case, the one change to the reference loop, the key the checker must report, whether GradScaler
+# also raises: it refuses step() without scale(), a second step() without update(), and step() or
+# update() when no gradients were unscaled; the checker then reports the error too, as RAISED)
+MISTAKES = [
+    ("loss not scaled", amp_loop(scale_loss=False), exercise.LOSS_NOT_SCALED, True),
+    ("scaler disabled in fp16", amp_loop(scaler="off"), exercise.LOSS_NOT_SCALED, False),
+    ("optimizer.step direct", amp_loop(step_via_scaler=False, unscale_every_step=True),
+     exercise.OPTIMIZER_STEP_DIRECT, False),
+    ("no scaler.update", amp_loop(call_update=False), exercise.NO_SCALER_UPDATE, True),
+    ("grads zeroed once, not every step", amp_loop(zero_grad="once"), exercise.GRADS_NOT_ZEROED,
+     False),
+    ("forward not autocast", amp_loop(forward_in_autocast=False), exercise.FORWARD_NOT_AUTOCAST,
+     False),
+    ("autocast dtype hard-coded", amp_loop(autocast_dtype=torch.bfloat16),
+     exercise.WRONG_AUTOCAST_DTYPE, False),
+    ("backward in autocast", amp_loop(backward_in_autocast=True), exercise.BACKWARD_IN_AUTOCAST,
+     False),
+    ("clip before unscale_", amp_loop(clip_before_unscale=True), exercise.CLIP_BEFORE_UNSCALE,
+     False),
+    ("clipping ignored", amp_loop(clip=False), exercise.NOT_CLIPPED, False),
+    ("no backward", amp_loop(backward=False), exercise.NO_BACKWARD, True),
+    ("no optimizer step", amp_loop(step=False), exercise.NO_OPTIMIZER_STEP, True),
+    ("returns None", amp_loop(history=lambda losses, scaled, n: None), exercise.BAD_HISTORY,
+     False),
+    ("history of tensors", amp_loop(history=lambda losses, scaled, n: losses[::n]),
+     exercise.BAD_HISTORY, False),
+    ("one loss per step", amp_loop(history=lambda losses, scaled, n: [x.item() for x in losses]),
+     exercise.BAD_HISTORY, False),
+    ("scaled losses", amp_loop(history=lambda losses, scaled, n: epoch_means(scaled, n)),
+     exercise.BAD_HISTORY, False),
+    ("last batch, not mean",
+     amp_loop(history=lambda losses, scaled, n: [x.item() for x in losses[n - 1::n]]),
+     exercise.HISTORY_NOT_LIKE_FP32, False),
+]
+WRONG = {name: fn for name, fn, _, _ in MISTAKES}
+
+
+@pytest.mark.parametrize(("fn", "key", "also_raises"),
+                         [pytest.param(*case[1:], id=case[0]) for case in MISTAKES])
+def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises: bool) -> None:
     result = check_train_with_amp(fn)
     assert not result.passed
-    expected = {key, exercise.RAISED} if name in ALSO_RAISES else {key}
+    expected = {key, exercise.RAISED} if also_raises else {key}
     assert result.keys <= expected and key in result.keys, str(result)
     assert all(p.message for p in result.problems)
 
 
+def test_every_problem_key_has_a_case() -> None:
+    keys = {value for name, value in vars(exercise).items()
+            if name.isupper() and isinstance(value, str) and value != exercise.DEVICE_TYPE}
+    covered = {key for _, _, key, _ in MISTAKES} | {exercise.RAISED}  # RAISED: the crash test
+    assert covered == keys
+
+
 def test_report_is_plain_words() -> None:
-    result = check_train_with_amp(loss_not_scaled)
+    result = check_train_with_amp(WRONG["loss not scaled"])
     text = str(result)
     assert "scaler.scale(loss).backward()" in text and "float16" in text
 
@@ -285,91 +221,20 @@ def test_a_crash_is_reported_not_raised() -> None:
 
 def test_checker_leaves_torch_unpatched() -> None:
     backward, scale = torch.autograd.backward, torch.amp.GradScaler.scale
-    check_train_with_amp(clip_before_unscale)
+    check_train_with_amp(WRONG["clip before unscale_"])
     assert torch.autograd.backward is backward and torch.amp.GradScaler.scale is scale
 
 
 # -- correct variants ------------------------------------------------------------------------------
-def bf16_without_scaler(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype,
-                        max_grad_norm=None):
-    use_scaler = amp_dtype == torch.float16
-    scaler = torch.amp.GradScaler(device_type) if use_scaler else None
-    history = []
-    for _ in range(epochs):
-        total = 0.0
-        for inputs, targets in data:
-            optimizer.zero_grad()
-            with torch.autocast(device_type=device_type, dtype=amp_dtype):
-                loss = loss_fn(model(inputs), targets)
-            if scaler is None:  # bf16: plain backward and step
-                loss.backward()
-                if max_grad_norm is not None:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-                optimizer.step()
-            else:
-                scaler.scale(loss).backward()
-                if max_grad_norm is not None:
-                    scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-                scaler.step(optimizer)
-                scaler.update()
-            total += loss.item()
-        history.append(total / len(data))
-    return history
-
-
-def enabled_toggles_amp_spelling_no_set_to_none(model, data, optimizer, loss_fn, epochs,
-                                                device_type, amp_dtype, max_grad_norm=None):
-    use_amp = True
-    scaler = torch.amp.GradScaler(device_type, enabled=use_amp and amp_dtype == torch.float16)
-    history = []
-    for _ in range(epochs):
-        losses = []
-        for inputs, targets in data:
-            with torch.amp.autocast(device_type, dtype=amp_dtype, enabled=use_amp):
-                outputs = model(inputs)
-            loss = loss_fn(outputs, targets)  # the loss outside autocast is fine too
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-            if max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=False)  # zeroing after the step works as well
-            losses.append(loss.detach())
-        history.append(torch.stack(losses).mean().item())
-    return history
-
-
-def scaler_always_on_model_zero_grad(model, data, optimizer, loss_fn, epochs, device_type,
-                                     amp_dtype, max_grad_norm=None):
-    scaler = torch.amp.GradScaler(device_type, init_scale=2.0**10, growth_interval=3)
-    history = []
-    for _ in range(epochs):
-        total = 0.0
-        for inputs, targets in data:
-            model.zero_grad()
-            with torch.autocast(device_type, amp_dtype):
-                loss = loss_fn(model(inputs), targets)
-            scaled = scaler.scale(loss)
-            scaled.backward()
-            if max_grad_norm is not None:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_value_(model.parameters(), 1e9)  # no-op, then the norm
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            total += float(loss.detach())
-        history.append(total / len(data))
-    return history
-
-
 CORRECT = {
     "reference solution": reference_solution,
-    "bf16 without a scaler": bf16_without_scaler,
-    "enabled= toggles, torch.amp.autocast, set_to_none=False": (
-        enabled_toggles_amp_spelling_no_set_to_none),
-    "scaler on for bf16 too, model.zero_grad": scaler_always_on_model_zero_grad,
+    "bf16 without a scaler": amp_loop(scaler="none for bf16"),
+    # also: the loss outside autocast, zeroing after the step, unscale_ even without clipping
+    "enabled= toggles, torch.amp.autocast, set_to_none=False": amp_loop(
+        enabled_toggles=True, autocast=torch.amp.autocast, loss_in_autocast=False,
+        set_to_none=False, zero_grad="after step", unscale_every_step=True),
+    "scaler on for bf16 too, model.zero_grad(), clip_grad_value_ after unscale_": amp_loop(
+        scaler="always", zero_grad_on_model=True, set_to_none=None, clip_value_too=True),
 }
 
 
