@@ -20,6 +20,7 @@ def test_report_has_fp32_then_each_amp_dtype(smoke_report):
     assert modes == ["fp32", "bf16"]
     assert smoke_report["preset"]["name"] == "smoke"
     assert smoke_report["device"] == "cpu"
+    assert smoke_report["memory_format"] == "channels_last"  # the default layout
 
 
 def test_ratios_are_against_fp32(smoke_report):
@@ -50,6 +51,7 @@ def test_json_to_stdout(capsys):
 @pytest.mark.parametrize(("args", "message"), [
     (["--preset", "huge"], "valid names: auto, paper, cpu, smoke"),
     (["--device", "tpu"], "is not a device name"),
+    (["--memory-format", "nhwc"], "invalid choice"),
 ])
 def test_bad_input_exits_2_with_a_message(capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:

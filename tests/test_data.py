@@ -38,3 +38,11 @@ def test_make_problem_shapes_and_dtype():
     inputs, targets = make_problem(16, "cpu")
     assert inputs.shape == (1, 2, 16, 16) and targets.shape == (1, 1, 16, 16)
     assert inputs.dtype == targets.dtype == torch.float32
+
+
+def test_make_problem_channels_last_keeps_values_and_shape():
+    nchw, _ = make_problem(8)
+    nhwc, targets = make_problem(8, memory_format=torch.channels_last)
+    assert nhwc.is_contiguous(memory_format=torch.channels_last) and not nhwc.is_contiguous()
+    assert targets.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(nchw, nhwc) and nhwc.shape == (1, 2, 8, 8)

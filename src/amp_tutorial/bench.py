@@ -72,7 +72,8 @@ def run_mode(
     label = dtype_name(amp_dtype) if amp_dtype else fp32_baseline(info)
     torch.manual_seed(SEED)
     reset_peak_memory(info.device)
-    model = ConvModel(preset.hidden, preset.n_hidden_layers).to(info.device)
+    model = ConvModel(preset.hidden, preset.n_hidden_layers).to(
+        info.device, memory_format=_memory_format(inputs))
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
     use_scaler = amp_dtype is not None and info.needs_grad_scaler(amp_dtype)
     scaler = torch.amp.GradScaler(info.type) if use_scaler else None
@@ -109,6 +110,11 @@ def run_mode(
     )
 
 
+def _memory_format(tensor: torch.Tensor) -> torch.memory_format:
+    channels_last = tensor.is_contiguous(memory_format=torch.channels_last)
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b in (None, 0) else a / b
 
@@ -124,9 +130,13 @@ def add_ratios(results: list[ModeResult]) -> None:
         r.infer_peak_ratio = _ratio(r.infer_peak_bytes, base.infer_peak_bytes)
 
 
-def run_benchmark(info: DeviceInfo, preset: Preset, progress: bool = True) -> list[ModeResult]:
-    """fp32 first (the baseline), then each AMP dtype the device supports."""
-    inputs, targets = make_problem(preset.grid, info.device)
+MEMORY_FORMATS = {"channels_last": torch.channels_last, "contiguous": torch.contiguous_format}
+
+
+def run_benchmark(info: DeviceInfo, preset: Preset, progress: bool = True,
+                  memory_format: str = "channels_last") -> list[ModeResult]:
+    """fp32 first (the baseline), then each AMP dtype the device supports, in one memory format."""
+    inputs, targets = make_problem(preset.grid, info.device, MEMORY_FORMATS[memory_format])
     modes: list[torch.dtype | None] = [None, *info.amp_dtypes]
     results = [run_mode(info, preset, m, inputs, targets, progress)
                for m in tqdm(modes, desc="modes", disable=not progress)]
@@ -149,11 +159,13 @@ def _table(cols: list[str], rows: list[list[str]]) -> str:
     return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
 
 
-def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult]) -> str:
+def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
+                 memory_format: str = "channels_last") -> str:
     """The human-readable report: a time table and a memory table, one row per mode."""
     header = (f"device: {info}\npreset: {preset.name} (grid {preset.grid}, hidden {preset.hidden}, "
               f"{preset.n_hidden_layers} hidden layers, {preset.steps} training steps, "
-              f"{preset.inference_steps} inference steps, {preset.warmup} warm-up)")
+              f"{preset.inference_steps} inference steps, {preset.warmup} warm-up); "
+              f"memory format: {memory_format}")
     time_table = _table(
         ["mode", "scaler", "train ms/step", "IQR", "speedup", "infer ms/step", "IQR", "speedup",
          "final loss"],
@@ -185,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
                         "$AMP_TUTORIAL_DEVICE or the best available)")
     parser.add_argument("--strict-fp32", action="store_true",
                         help="switch TF32 off so the fp32 baseline is true fp32 on Ampere+ GPUs")
+    parser.add_argument("--memory-format", choices=list(MEMORY_FORMATS), default="channels_last",
+                        help="tensor layout for both fp32 and AMP (default: channels_last, the "
+                        "layout fast convolution kernels use; contiguous = NCHW as in the seed)")
     parser.add_argument("--json", nargs="?", const="-", metavar="PATH",
                         help="write the results as JSON to PATH (or stdout with no PATH)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
@@ -196,17 +211,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"error: {err}\n")
     if args.strict_fp32:
         set_strict_fp32(True)
-    results = run_benchmark(info, preset, progress=not args.no_progress)
+    results = run_benchmark(info, preset, progress=not args.no_progress,
+                            memory_format=args.memory_format)
     report = {
         "device": str(info.device), "backend": info.backend, "device_name": info.name,
         "torch": torch.__version__, "preset": asdict(preset), "baseline": results[0].mode,
+        "memory_format": args.memory_format,
         "results": [asdict(r) for r in results],
     }
     if args.json == "-":
         json.dump(report, sys.stdout, indent=2)
         print()
     else:
-        print(format_table(info, preset, results))
+        print(format_table(info, preset, results, args.memory_format))
         if args.json:
             with open(args.json, "w", encoding="utf-8") as fh:
                 json.dump(report, fh, indent=2)

@@ -33,11 +33,17 @@ def quantized_sinusoid(
     return levels / (n_bins - 1)
 
 
-def make_problem(grid_size: int, device: torch.device | str = "cpu"
+def make_problem(grid_size: int, device: torch.device | str = "cpu",
+                 memory_format: torch.memory_format = torch.contiguous_format
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs (1, 2, H, W) and targets (1, 1, H, W) as float32 tensors on ``device``."""
+    """Inputs (1, 2, H, W) and targets (1, 1, H, W) as float32 tensors on ``device``.
+
+    ``torch.channels_last`` stores them pixel by pixel (NHWC), the layout fast convolutions use.
+    """
     grid = generate_grid(grid_size)
     target = quantized_sinusoid(grid)
-    inputs = torch.tensor(grid, dtype=torch.float32).unsqueeze(0).to(device)
-    targets = torch.tensor(target, dtype=torch.float32)[None, None].to(device)
+    inputs = torch.tensor(grid, dtype=torch.float32).unsqueeze(0)
+    targets = torch.tensor(target, dtype=torch.float32)[None, None]
+    inputs = inputs.to(device).contiguous(memory_format=memory_format)
+    targets = targets.to(device).contiguous(memory_format=memory_format)
     return inputs, targets
