@@ -31,6 +31,8 @@ from typing import Any, NoReturn
 import jupytext
 import pytest
 
+from tests.lab_server import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 VARIANT_FILES = {path.stem: path for path in sorted((ROOT / "docker").glob("*.yml"))}
@@ -90,12 +92,6 @@ def host_ca_bundle() -> str | None:
     candidates = [os.environ.get(v) for v in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")]
     candidates += [ssl.get_default_verify_paths().cafile, "/etc/ssl/certs/ca-certificates.crt"]
     return next((c for c in candidates if c and Path(c).is_file()), None)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------------
