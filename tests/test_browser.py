@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -157,11 +158,36 @@ def open_in_file_browser(page: Page, filename: str) -> Locator:
     return page.locator(f"#{tab.get_attribute('data-id')}")
 
 
-def run_all(page: Page, panel: Locator, kernel: str, n_code_cells: int) -> None:
+def wait_for_kernel_connection(lab: LabServer, path: str) -> None:
+    """Wait until the server has an idle kernel for ``path`` with the browser connected to it.
+
+    The page alone cannot tell: the toolbar shows the kernel's name while the kernel is still
+    pending, and the execution indicator starts out reading idle. JupyterLab's
+    ``CodeCell.execute`` returns without running anything while the session has no kernel yet,
+    so a Run All clicked in that window leaves every cell at ``[ ]`` and the run never finishes.
+    The browser opens the kernel's websocket only once its session has the kernel, so one
+    connection on the server side means Run All will reach the kernel.
+    """
+    deadline = time.monotonic() + UI_TIMEOUT_MS / 1000
+    seen: object = None
+    while time.monotonic() < deadline:
+        status, sessions = lab.api("/api/sessions")
+        kernels = [s["kernel"] for s in sessions or [] if s.get("path") == path and s.get("kernel")]
+        seen = kernels
+        if status == 200 and any(k.get("connections", 0) >= 1 and k.get("execution_state") == "idle"
+                                 for k in kernels):
+            return
+        time.sleep(0.25)
+    pytest.fail(f"no idle kernel with a browser connection for {path} within "
+                f"{UI_TIMEOUT_MS // 1000} s; the server's kernels for it: {seen}")
+
+
+def run_all(page: Page, panel: Locator, lab: LabServer, path: str, kernel: str,
+            n_code_cells: int) -> None:
     """Wait for the kernel, then Run > Run All Cells, and wait until the run is over."""
-    # Run All before the kernel is up asks for a kernel in a dialog and runs nothing. The status
-    # circle reads idle already while the toolbar says "No Kernel", so wait for the kernel's name.
+    # Run All before the kernel is up asks for a kernel in a dialog, or runs nothing at all.
     expect(panel.locator(".jp-KernelName")).to_have_text(kernel)
+    wait_for_kernel_connection(lab, path)
     expect(panel.locator(".jp-Notebook-ExecutionIndicator")).to_have_attribute(
         "data-status", "idle")
     expect(panel.locator(".jp-CodeCell")).to_have_count(n_code_cells)
@@ -231,7 +257,8 @@ def test_lesson_runs_in_the_browser(filename: str, page: Page, lab: LabServer,
             f"{filename} opened as {kind!r}, not as a notebook: the defaultViewers lab setting "
             "(etc/jupyter/labconfig/default_setting_overrides.json) is not in effect")
         expect(panel.locator(".jp-Cell")).to_have_count(len(notebook.cells))
-        run_all(page, panel, notebook.metadata["kernelspec"]["display_name"], len(sources))
+        run_all(page, panel, lab, filename, notebook.metadata["kernelspec"]["display_name"],
+                len(sources))
         cells = read_cells(panel, sources)
     finally:
         screenshot = save_screenshot(page, panel, filename)
@@ -261,7 +288,8 @@ def test_a_failing_cell_is_reported(page: Page, lab: LabServer) -> None:
     page.reload()  # the file browser lists the new file
 
     panel = open_in_file_browser(page, path.name)
-    run_all(page, panel, notebook.metadata["kernelspec"]["display_name"], len(source))
+    run_all(page, panel, lab, path.name, notebook.metadata["kernelspec"]["display_name"],
+            len(source))
     first, failing, after = read_cells(panel, source)
     assert first.prompt == "[1]:" and not first.errors
     assert failing.errors and "ValueError: raised on purpose" in failing.errors[0]
