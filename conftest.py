@@ -39,7 +39,7 @@ class JupytextNotebook(nbval.plugin.IPyNbFile):
         yield from items
 
 
-# --- exercises (issue 3): run each exercise notebook with the reference solution in place --------
+# --- exercises: run each exercise notebook with the reference solution in place ----------------
 # A learner's cell is marked `# %% tags=["exercise"] solution="NAME.py"`; the test run swaps in
 # solutions/NAME.py, so the learner sees the stub while nbval checks the notebook with the answer.
 SOLUTIONS = Path(__file__).resolve().parent / "solutions"

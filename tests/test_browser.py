@@ -27,12 +27,15 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from amp_tutorial import select_device
 from amp_tutorial.device import DeviceInfo, dtype_name, fp32_baseline
 from amp_tutorial.lab import notebooks_dir
+from tests.conftest import ROOT, missing_tool
 from tests.lab_server import LabServer, processes_with, start_lab
+
+pytestmark = pytest.mark.browser
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "browser"
+ARTIFACTS = ROOT / "artifacts" / "browser"
 VIEWPORT = {"width": 1400, "height": 900}
 UI_TIMEOUT_MS = 60_000  # any one UI step: page load, a double-click opening a tab, kernel start
 RUN_ALL_TIMEOUT_MS = 300_000  # a whole lesson at the smoke preset: 10-30 s here
@@ -82,12 +85,6 @@ class Cell:
         return f"cell {self.prompt or '[ ]:'} starting {first_line!r}"
 
 
-def _missing_chromium(reason: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: the browser test must run; .ci/run installs chromium)")
-    pytest.skip(f"{reason}; install Debian's chromium (apt-get install chromium) to run it")
-
-
 @pytest.fixture(scope="module")
 def marker() -> Iterator[str]:
     """An environment entry that the server, its kernels and the browser inherit.
@@ -105,7 +102,8 @@ def marker() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def browser(marker: str) -> Iterator[Browser]:
     if not CHROMIUM.exists():
-        _missing_chromium(f"{CHROMIUM} not found")
+        missing_tool(f"{CHROMIUM} not found",
+                     "install Debian's chromium (apt-get install chromium) to run it")
     name, value = marker.split("=", 1)
     expect.set_options(timeout=UI_TIMEOUT_MS)  # its default, 5 s, is short for a kernel start
     with sync_playwright() as playwright:

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from amp_tutorial import lab
+from tests.conftest import ROOT
 from tests.lab_server import start_lab
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_command_defaults_to_loopback_8888_rooted_at_notebooks():

@@ -78,6 +78,7 @@ def test_cpu_has_no_allocator_peak():
     assert peak_memory_bytes("cpu") is None
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 def test_gpu_peak_is_reset_between_runs():
     reset_peak_memory("cuda")
