@@ -3,6 +3,7 @@
 import jupytext
 import pytest
 
+from conftest import is_notebook
 from tests.conftest import NOTEBOOKS
 
 LESSONS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
@@ -19,3 +20,17 @@ def test_saving_in_jupyterlab_rewrites_nothing(path):
     notebook = jupytext.read(path)
     assert notebook.metadata["kernelspec"]["name"] == "python3"
     assert jupytext.writes(notebook, fmt="py:percent") == path.read_text()
+
+
+TEMPLATE = NOTEBOOKS / "_template.py"
+
+
+def header(path):
+    return path.read_text().split("# %%")[0]
+
+
+def test_the_template_has_every_lesson_header_and_is_not_collected():
+    """CONTRIBUTING.md says: copy the template. Its header must be the lessons' own."""
+    assert TEMPLATE not in LESSONS and not is_notebook(TEMPLATE)
+    assert {header(path) for path in LESSONS} == {header(TEMPLATE)}
+    assert jupytext.writes(jupytext.read(TEMPLATE), fmt="py:percent") == TEMPLATE.read_text()
