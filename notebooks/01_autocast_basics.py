@@ -232,9 +232,10 @@ if info.type in SOURCE_POLICY:
 
 # %% [markdown]
 # **CPU and CUDA keep different lists.** The next table puts the measured rules next to what the
-# source registers for CPU and for CUDA (ROCm uses CUDA's lists). Only the column marked
-# *measured* was probed; the other is read from PyTorch's source, and its list of ops is checked
-# against the kernels this torch build registers for that device, which works without a GPU.
+# source registers for CPU, CUDA (ROCm uses CUDA's lists) and XPU (the same lists as CUDA). Only
+# the column marked *measured* was probed; the others are read from PyTorch's source, and their
+# lists of ops are checked against the kernels this torch build registers for each device, which
+# works without a GPU.
 
 # %%
 compare = pd.DataFrame({

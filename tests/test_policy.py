@@ -92,7 +92,7 @@ def test_measured_cpu_policy_matches_the_source_lists(cpu_rows):
     assert groups[FP32_OUT] == [] and groups[BANNED] == []  # CPU has neither list
 
 
-@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+@pytest.mark.parametrize("device_type", ["cpu", "cuda", "xpu"])
 def test_source_lists_match_this_torch_builds_registrations(cpu_rows, device_type):
     """An op has an Autocast<device> kernel in the installed torch iff the source lists it."""
     registered = registered_ops(list(cpu_rows.values()), device_type)

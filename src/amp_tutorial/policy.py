@@ -157,6 +157,7 @@ def _ops(n: int) -> dict[str, _Op]:
 
 # What autocast_mode.cpp (CPU) and autocast_mode.h (CUDA's AT_FORALL_* lists) register for the ops
 # above; read from pytorch/pytorch and the installed torch's include/ATen/autocast_mode.h (2.14).
+# XPU registers the same AT_FORALL_* lists as CUDA, binary_cross_entropy banned too.
 SOURCE_POLICY: dict[str, dict[str, str]] = {
     "cpu": {
         **dict.fromkeys(["matmul (a @ b)", "linear", "conv2d", "bmm"], LOWERED),
@@ -176,6 +177,7 @@ SOURCE_POLICY: dict[str, dict[str, str]] = {
                         NO_RULE),
     },
 }
+SOURCE_POLICY["xpu"] = dict(SOURCE_POLICY["cuda"])
 
 
 def _call(fn: Callable[[], torch.Tensor], device_type: str, low: torch.dtype,
