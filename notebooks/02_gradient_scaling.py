@@ -15,8 +15,9 @@
 # %% [markdown]
 # # 02 · Gradient scaling: why fp16 gradients vanish, and how GradScaler saves them
 #
-# Lesson 01 showed that float16 flushes anything below about 6e-8 to zero. This lesson shows that
-# this really happens to the gradients of a real network, and how `torch.amp.GradScaler` fixes it:
+# Lesson 01 showed that float16's smallest subnormal is 2^-24 (about 6e-8) and that anything below
+# half of it (about 3e-8) rounds to zero. This lesson shows that this really happens to the
+# gradients of a real network, and how `torch.amp.GradScaler` fixes it:
 #
 # 1. measure the problem: the gradients of the course's model, computed in fp16, against fp16's
 #    smallest normal and subnormal numbers, and how many become exactly zero;
@@ -47,6 +48,9 @@ FP16 = torch.finfo(torch.float16)
 SMALLEST_NORMAL = FP16.smallest_normal  # 2^-14, about 6.1e-5
 SMALLEST_SUBNORMAL = FP16.smallest_normal * FP16.eps  # 2^-24, about 6.0e-8
 print(f"fp16 smallest normal {SMALLEST_NORMAL:.3g}, smallest subnormal {SMALLEST_SUBNORMAL:.3g}")
+assert SMALLEST_SUBNORMAL == 2.0**-24  # below half of it fp16 rounds to 0, just above to 2^-24:
+assert torch.tensor(0.49 * SMALLEST_SUBNORMAL, dtype=torch.float16).item() == 0.0
+assert torch.tensor(0.51 * SMALLEST_SUBNORMAL, dtype=torch.float16).item() == SMALLEST_SUBNORMAL
 
 # %% [markdown]
 # ### Where the fp16 work runs
@@ -144,10 +148,10 @@ assert flushed["below fp16 normal"].iloc[2] < flushed["below fp16 normal"].iloc[
 
 # %% [markdown]
 # Where do the gradients sit? The histogram shows the true (fp32) gradient magnitudes, and the
-# same gradients multiplied by the scale, against fp16's thresholds. Everything left of the
-# smallest subnormal becomes 0 in fp16; between subnormal and normal, values keep only a few
-# significant bits. Multiplying by 2^16 slides the whole distribution 16 binades to the right,
-# into fp16's comfortable range.
+# same gradients multiplied by the scale, against fp16's thresholds. Everything below half the
+# smallest subnormal (2^-25, about 3e-8) becomes 0 in fp16; between that and the smallest normal,
+# values keep only a few significant bits. Multiplying by 2^16 slides the whole distribution 16
+# binades to the right, into fp16's comfortable range.
 
 # %%
 magnitudes = np.log2(true_grads[true_grads != 0].abs().numpy())
@@ -156,8 +160,8 @@ bins = np.arange(np.floor(magnitudes.min()), np.ceil(magnitudes.max()) + 17, 0.5
 ax.hist(magnitudes, bins=bins, alpha=0.7, label="true gradients (fp32)")
 ax.hist(magnitudes + np.log2(SCALE), bins=bins, alpha=0.7,
         label="x 2^16 (what GradScaler feeds fp16)")
-ax.axvspan(bins[0], np.log2(SMALLEST_SUBNORMAL), color="tab:red", alpha=0.12,
-           label="flushes to 0 in fp16")
+ax.axvspan(bins[0], np.log2(SMALLEST_SUBNORMAL / 2), color="tab:red", alpha=0.12,
+           label="rounds to 0 in fp16 (below 2^-25)")
 ax.axvline(np.log2(SMALLEST_SUBNORMAL), color="tab:red", ls="--", label="fp16 smallest subnormal")
 ax.axvline(np.log2(SMALLEST_NORMAL), color="tab:orange", ls="--", label="fp16 smallest normal")
 ax.set(title=f"Activation gradients of ConvModel on a {underflow_grid}x{underflow_grid} image",

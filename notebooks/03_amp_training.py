@@ -41,7 +41,7 @@ from amp_tutorial import (
     select_device,
     time_steps,
 )
-from amp_tutorial.device import dtype_name, fp32_baseline
+from amp_tutorial.device import dtype_name, fp32_baseline, has_fp32_precision_api, tf32_state
 from amp_tutorial.plots import plot_bars, plot_image, plot_losses, plot_outputs
 
 info = select_device()
@@ -60,9 +60,19 @@ print(f"  grid {preset.grid}x{preset.grid}, hidden {preset.hidden}, "
 # the default NCHW layout every convolution would first reorder its data, and much of what AMP
 # saves would be spent on that. Both the fp32 and the AMP runs use the same layout, so the
 # comparison stays fair; `pdm run bench --memory-format contiguous` measures the NCHW layout.
+#
+# **channels_last is not fast everywhere.** On AMD GPUs PyTorch hands MIOpen NHWC tensors only
+# when `PYTORCH_MIOPEN_SUGGEST_NHWC=1` is set (`miopen_conv_suggest_memory_format` in PyTorch's
+# `aten/src/ATen/native/ConvUtils.h`, torch 2.14); otherwise channels_last inputs are converted to
+# NCHW around each convolution, which costs copies and gains nothing. With it set, MIOpen's NHWC
+# kernels are weaker than its NCHW ones on consumer (RDNA) GPUs: on a Radeon RX 7900 XTX, 1x1 NHWC
+# fp16 convolutions, this course's kind, measured 2-4x slower than the same work as a GEMM
+# ([lightvector/KataGo#1237](https://github.com/lightvector/KataGo/pull/1237)). On such a GPU
+# measure both layouts (`pdm run bench --memory-format contiguous`) and set `MEMORY_FORMAT` below
+# to the faster one.
 
 # %%
-MEMORY_FORMAT = torch.channels_last
+MEMORY_FORMAT = torch.channels_last  # the switch: torch.contiguous_format for NCHW
 inputs, targets = make_problem(preset.grid, info.device, MEMORY_FORMAT)
 print(f"inputs {tuple(inputs.shape)} (batch, x/y channels, H, W); targets {tuple(targets.shape)}")
 assert inputs.is_contiguous(memory_format=torch.channels_last)
@@ -92,12 +102,24 @@ assert act_bytes > param_bytes
 # %% [markdown]
 # ## How we measure (and what the original blog got wrong)
 #
-# GPUs run asynchronously: a Python line returns as soon as the work is *queued*. Reading a clock
-# without synchronising the device measures the queueing, not the work. So `time_steps` (from the
-# course package):
+# The ROCm blog this problem comes from timed each run with a context manager that read
+# `time.time()` on entry and exit around the whole 512-step loop, and
+# `torch.cuda.max_memory_allocated()` on exit. Concretely, that measured:
 #
-# - runs a few **warm-up** steps untimed (cuDNN / MIOpen pick their kernels on first use; on ROCm
-#   that first call can take seconds),
+# - **a clock stopped before the GPU finished**: GPUs run asynchronously (a Python line returns
+#   once the work is *queued*), and nothing called `torch.cuda.synchronize()` before the second
+#   clock read, so work still queued was left out of the total;
+# - **no warm-up**: the first steps, where MIOpen searches for kernels (seconds for a new shape on
+#   ROCm), were inside the timed total of each run;
+# - **one total**, so there was no spread to tell a real difference from noise;
+# - **a peak that was never reset**: without `torch.cuda.reset_peak_memory_stats()` between the
+#   fp32 and the AMP run, the second run's "peak" is the highest value since the process started;
+# - **"speedup: 46%"** that was `1 - t_amp / t_fp32`, the fraction of time saved; as a speedup
+#   (`t_fp32 / t_amp`) that is 1.87x.
+#
+# `time_steps` (from the course package) does it the other way round:
+#
+# - runs a few **warm-up** steps untimed (cuDNN / MIOpen pick their kernels on first use),
 # - **synchronises** the device before every clock read,
 # - times **every step** and reports the median and the interquartile range, not one total.
 #
@@ -146,11 +168,21 @@ def train_fp32():
 baseline_name = fp32_baseline(info)
 runs = {baseline_name: train_fp32()}
 print(f"{baseline_name}: {runs[baseline_name]['timing']}")
+timed = runs[baseline_name]["timing"].samples
+assert len(timed) == len(runs[baseline_name]["losses"]) == preset.steps  # warm-up not timed
 
 # %% [markdown]
 # On NVIDIA Ampere and newer GPUs, "fp32" convolutions actually use **TF32** tensor cores unless
-# `torch.backends.cudnn.allow_tf32 = False`; the baseline's name above says which one you measured.
-# `pdm run bench --strict-fp32` compares against true fp32.
+# TF32 is switched off; the baseline's name above says which one you measured, and
+# `pdm run bench --strict-fp32` compares against true fp32. The switch depends on the torch
+# version: `torch.backends.cudnn.conv.fp32_precision = "ieee"` from torch 2.9 on,
+# `torch.backends.cudnn.allow_tf32 = False` before (mixing the two raises an error on new
+# versions). `amp_tutorial.device.set_strict_fp32` uses whichever your torch has:
+
+# %%
+print(f"torch {torch.__version__}: fp32_precision settings "
+      f"{'available' if has_fp32_precision_api() else 'absent, allow_tf32 used'}; "
+      f"TF32 allowed now: {tf32_state()}")
 #
 # ## 2. The AMP loop
 #
@@ -222,8 +254,11 @@ results.round(4)
 # %% [markdown]
 # What the table must show, whatever the device (checked): AMP keeps at most about half the
 # activation bytes of fp32, and its loss falls just as fp32's does. Time is a measurement, not a
-# rule, so it is reported rather than asserted; the `smoke` preset is far too small to show a
-# speedup at all (the step is dominated by overheads).
+# rule: the sentence below is written from this run's numbers, in whichever direction they went,
+# with the cause where it is known. The `smoke` preset is far too small to show a speedup at all
+# (the step is dominated by overheads). On a CPU without native bf16 (the device line at the top
+# says), bf16 is slower than fp32 at every size: each bf16 value is converted to fp32 for the
+# arithmetic and back.
 
 # %%
 for name, r in runs.items():
@@ -235,11 +270,19 @@ for name, r in runs.items():
         assert r["losses"][-1] < 2 * base["losses"][-1] + 0.01, f"{name} trained much worse"
 speedups = results["speedup (t_fp32 / t)"].drop(baseline_name)
 best, speedup = speedups.idxmax(), speedups.max()
-faster = (f"{1 - 1 / speedup:.0%} less time per step" if speedup > 1
-          else f"{1 / speedup - 1:.0%} more time per step: no speedup at this size")
+if speedup > 1:
+    faster = f"{1 - 1 / speedup:.0%} less time per step"
+elif info.type == "cpu" and info.native_bf16 is False:
+    faster = (f"{1 / speedup - 1:.0%} more time per step, because this CPU has no native bf16 "
+              "(no AVX512-BF16 or AMX), not because of the problem size")
+elif preset.name == "smoke":
+    faster = f"{1 / speedup - 1:.0%} more time per step: the smoke preset is overhead-bound"
+else:
+    faster = f"{1 / speedup - 1:.0%} more time per step in this run"
 print(f"On {info.name} ({info.backend}), preset {preset.name}: {best} ran at {speedup:.2f}x the "
       f"speed of {baseline_name} ({faster}), and kept "
       f"{results.loc[best, 'activations vs fp32']:.0%} of fp32's activation bytes.")
+assert ("less time" in faster) == (speedup > 1)  # the sentence goes the way the numbers went
 
 # %%
 bars = {"time per step (ms)": results["time/step median (ms)"].to_dict(),
@@ -266,7 +309,9 @@ fig = plot_outputs(predictions, "Target and each run's prediction (same colour s
 #   `scaler.step` / `scaler.update` instead of `optimizer.step`.
 # - Measure with warm-up, device synchronisation and per-step medians, and reset peak memory
 #   between runs; name the baseline (TF32 or strict fp32).
-# - On a GPU at the `paper` preset, expect roughly half the memory and a large cut in time; on a
-#   CPU with bf16 support (AVX512-BF16 / AMX) the `cpu` preset also runs faster in bf16.
+# - AMP halves the activation memory on every device (asserted above). Time depends on the
+#   hardware: measured at the `cpu` preset, bf16 trained 2.6x-3.6x faster than fp32 on 2-core
+#   CPUs with native bf16 (a Xeon with AMX, an EPYC with AVX512-BF16; README, "The benchmark"),
+#   and slower than fp32 on a CPU without it. Your run's numbers are in the table above.
 #
 # **Lesson 04** does the same comparison for inference.

@@ -1,5 +1,7 @@
 """Device selection: the right device, a clear error for one that is missing, honest dtypes."""
 
+import inspect
+
 import pytest
 import torch
 
@@ -7,10 +9,14 @@ from amp_tutorial.device import (
     DEVICE_ENV,
     DeviceNotAvailableError,
     available_devices,
+    cpu_bf16_flags,
     describe_device,
     dtype_name,
     fp32_baseline,
+    has_fp32_precision_api,
     select_device,
+    set_strict_fp32,
+    tf32_state,
 )
 
 
@@ -60,3 +66,71 @@ def test_dtype_names_and_description():
 
 def test_cpu_baseline_is_plain_fp32():
     assert fp32_baseline(select_device("cpu")) == "fp32"
+
+
+def test_cpu_bf16_flags_read_from_cpuinfo(tmp_path):
+    amx = tmp_path / "amx"
+    amx.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16\n")
+    avx2 = tmp_path / "avx2"
+    avx2.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma f16c\n")
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n")
+    assert cpu_bf16_flags(str(amx)) == ("avx512_bf16", "amx_bf16")
+    assert cpu_bf16_flags(str(avx2)) == ()
+    assert cpu_bf16_flags(str(arm)) == ("bf16",)
+    assert cpu_bf16_flags(str(tmp_path / "missing")) is None
+
+
+def test_cpu_description_says_whether_bf16_is_native():
+    info = select_device("cpu")
+    try:
+        flags = open("/proc/cpuinfo", encoding="utf-8").read().split()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo")
+    native = any(f in flags for f in ("avx512_bf16", "amx_bf16", "bf16"))
+    assert info.native_bf16 is native
+    text = describe_device(info)
+    assert f"native bf16 on this CPU: {'yes' if native else 'no'}" in text
+    assert torch.backends.cpu.get_cpu_capability() in text
+    if not native:
+        assert "slower than fp32" in text  # the real cause of a bf16 slowdown, named
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
+def test_gpu_offers_bf16_only_where_native():
+    info = select_device("cuda")
+    native = (torch.cuda.is_bf16_supported(including_emulation=False)
+              if "including_emulation" in inspect.signature(torch.cuda.is_bf16_supported).parameters
+              else torch.cuda.get_device_capability()[0] >= 8)
+    assert (torch.bfloat16 in info.amp_dtypes) is native
+    assert bool(info.notes) is not native  # a GPU without native bf16 says why
+
+
+@pytest.fixture
+def restore_tf32():
+    if has_fp32_precision_api():
+        saved = (torch.backends.cudnn.conv.fp32_precision,
+                 torch.backends.cuda.matmul.fp32_precision)
+        yield
+        torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision = saved
+    else:
+        saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+        yield
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_strict_fp32_switch_uses_the_installed_api(restore_tf32):
+    assert tf32_state() == {"convolutions": True, "matmuls": False}  # PyTorch's defaults
+    set_strict_fp32(True)
+    assert tf32_state() == {"convolutions": False, "matmuls": False}
+    if has_fp32_precision_api():  # the new settings, not allow_tf32 (mixing them raises)
+        assert torch.backends.cudnn.conv.fp32_precision == "ieee"
+        assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+    set_strict_fp32(False)
+    assert tf32_state() == {"convolutions": True, "matmuls": False}
+
+
+def test_fp32_precision_api_detected_by_torch_version():
+    major, minor = (int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    if (major, minor) >= (2, 9):  # the fp32_precision settings are documented from torch 2.9
+        assert has_fp32_precision_api()

@@ -2,11 +2,13 @@
 
 CUDA and ROCm share the ``cuda`` device type; ROCm is recognised by ``torch.version.hip``.
 Set ``AMP_TUTORIAL_DEVICE`` (``cuda``, ``cuda:1``, ``mps``, ``xpu`` or ``cpu``) to override the
-choice.
+choice. bfloat16 is offered where the hardware computes it natively; the description says why
+where it is not (an emulated bf16 runs, but slowly).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import platform
 from dataclasses import dataclass, field
@@ -61,11 +63,54 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# CPU flags (Linux /proc/cpuinfo) of instructions that compute on bf16: x86 AVX512-BF16 and AMX,
+# Arm's BF16 extension ("bf16" in the Features line).
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def cpu_bf16_flags(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, ...] | None:
+    """The bf16 instruction flags this CPU reports, or None where there is no cpuinfo to read."""
+    try:
+        with open(cpuinfo, encoding="utf-8") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip().lower() in ("flags", "features"):
+                    found = set(value.split())
+                    return tuple(f for f in CPU_BF16_FLAGS if f in found)
+    except OSError:
+        pass
+    return None
+
+
+def _cpu_bf16_note(flags: tuple[str, ...] | None) -> str:
+    capability = torch.backends.cpu.get_cpu_capability()
+    if flags is None:
+        return (f"native bf16 on this CPU: unknown (no /proc/cpuinfo; torch CPU kernels: "
+                f"{capability})")
+    if flags:
+        return f"native bf16 on this CPU: yes ({', '.join(flags)}; torch CPU kernels: {capability})"
+    return (f"native bf16 on this CPU: no (none of the flags {', '.join(CPU_BF16_FLAGS)}; torch "
+            f"CPU kernels: {capability}): without bf16 instructions every bf16 value is converted "
+            f"to fp32 for the arithmetic and back, so bf16 autocast can be slower than fp32 here, "
+            f"whatever the problem size")
+
+
+def _cuda_bf16_native(device: torch.device) -> bool:
+    """Native bf16 on a CUDA/ROCm GPU. ``torch.cuda.is_bf16_supported()`` counts emulation by
+    default (True on V100, T4); ``including_emulation=False`` asks for native support."""
+    if "including_emulation" in inspect.signature(torch.cuda.is_bf16_supported).parameters:
+        with torch.cuda.device(device):
+            return torch.cuda.is_bf16_supported(including_emulation=False)
+    if torch.version.hip:
+        return torch.cuda.is_bf16_supported()
+    return torch.cuda.get_device_capability(device)[0] >= 8  # what that argument checks
+
+
 def _supported_amp_dtypes(device: torch.device) -> tuple[torch.dtype, ...]:
     """AMP dtypes worth training with on this device, preferred first."""
     if device.type == "cuda":
         dtypes: list[torch.dtype] = [torch.float16]
-        if torch.cuda.is_bf16_supported():
+        if _cuda_bf16_native(device):
             dtypes.append(torch.bfloat16)
         return tuple(dtypes)
     if device.type == "mps":
@@ -90,6 +135,8 @@ class DeviceInfo:
     backend: str
     name: str
     amp_dtypes: tuple[torch.dtype, ...] = field(default_factory=tuple)
+    native_bf16: bool | None = None  # None: not known (MPS, XPU, a CPU without /proc/cpuinfo)
+    notes: tuple[str, ...] = ()  # why a dtype is (not) offered, or what to expect from it
 
     @property
     def type(self) -> str:
@@ -117,6 +164,22 @@ class DeviceInfo:
     def __str__(self) -> str:
         dtypes = ", ".join(dtype_name(d) for d in self.amp_dtypes) or "none"
         return f"{self.device} ({self.backend}: {self.name}); AMP dtypes: {dtypes}"
+
+
+def _bf16_support(device: torch.device) -> tuple[bool | None, tuple[str, ...]]:
+    """Whether ``device`` computes bf16 natively, and a note saying how that was decided."""
+    if device.type == "cpu":
+        flags = cpu_bf16_flags()
+        return (None if flags is None else bool(flags)), (_cpu_bf16_note(flags),)
+    if device.type == "cuda":
+        if _cuda_bf16_native(device):
+            return True, ()
+        major, minor = torch.cuda.get_device_capability(device)
+        return False, (f"bf16 not offered: this GPU (compute capability {major}.{minor}) has no "
+                       "native bf16 (torch counts it from 8.0, Ampere); "
+                       "torch.cuda.is_bf16_supported() without including_emulation=False also "
+                       "counts emulated bf16, which runs but slowly",)
+    return None, ()
 
 
 def dtype_name(dtype: torch.dtype | None) -> str:
@@ -153,8 +216,10 @@ def select_device(requested: str | None = None) -> DeviceInfo:
     else:
         device = torch.device(available_devices()[0])
     backend, name = _backend_and_name(device)
+    native_bf16, notes = _bf16_support(device)
     return DeviceInfo(device=device, backend=backend, name=name,
-                      amp_dtypes=_supported_amp_dtypes(device))
+                      amp_dtypes=_supported_amp_dtypes(device), native_bf16=native_bf16,
+                      notes=notes)
 
 
 def available_devices() -> list[str]:
@@ -166,24 +231,56 @@ def describe_device(info: DeviceInfo | None = None) -> str:
     """One line for the top of each notebook: which device, backend, and AMP dtypes."""
     info = info or select_device()
     scaler = "GradScaler needed" if info.needs_grad_scaler() else "no GradScaler needed"
-    return f"Running on {info} -> default autocast dtype {dtype_name(info.amp_dtype)}, {scaler}"
+    line = f"Running on {info} -> default autocast dtype {dtype_name(info.amp_dtype)}, {scaler}"
+    return "\n  ".join((line, *info.notes))
+
+
+def has_fp32_precision_api() -> bool:
+    """True where torch has the per-backend ``fp32_precision`` settings (torch >= 2.9), which
+    replace ``allow_tf32``; reading the old flags after setting the new ones raises there."""
+    cudnn = torch.backends.cudnn
+    return hasattr(cudnn, "conv") and hasattr(torch.backends.cuda.matmul, "fp32_precision")
+
+
+def _precision(*levels: str, default: str) -> str:
+    """The first explicit setting from the most specific level up; "none" means "not set"."""
+    return next((level for level in levels if level != "none"), default)
+
+
+def tf32_state() -> dict[str, bool]:
+    """Whether CUDA convolutions and matmuls may use TF32 now, read with the API torch has."""
+    if has_fp32_precision_api():
+        generic = getattr(torch.backends, "fp32_precision", "none")
+        conv = _precision(torch.backends.cudnn.conv.fp32_precision,
+                          torch.backends.cudnn.fp32_precision, generic, default="tf32")
+        matmul = _precision(torch.backends.cuda.matmul.fp32_precision, generic, default="ieee")
+        return {"convolutions": conv == "tf32", "matmuls": matmul == "tf32"}
+    return {"convolutions": torch.backends.cudnn.allow_tf32,
+            "matmuls": torch.backends.cuda.matmul.allow_tf32}
 
 
 def fp32_baseline(info: DeviceInfo) -> str:
     """Name the fp32 baseline honestly: on Ampere+ NVIDIA GPUs cuDNN uses TF32 for convolutions
-    unless ``torch.backends.cudnn.allow_tf32`` is switched off."""
+    unless switched off (``set_strict_fp32``)."""
     if info.type == "cuda" and not info.is_rocm:
         major, _ = torch.cuda.get_device_capability(info.device)
-        tf32_convs = major >= 8 and torch.backends.cudnn.allow_tf32
-        tf32_matmul = major >= 8 and torch.backends.cuda.matmul.allow_tf32
-        if tf32_convs or tf32_matmul:
-            parts = [n for n, on in (("convolutions", tf32_convs), ("matmuls", tf32_matmul)) if on]
+        parts = [what for what, on in tf32_state().items() if on and major >= 8]
+        if parts:
             return f"fp32 (TF32 {' and '.join(parts)})"
         return "fp32 (strict, TF32 off)"
     return "fp32"
 
 
 def set_strict_fp32(strict: bool = True) -> None:
-    """Switch TF32 off (strict) or back to PyTorch's defaults (TF32 convolutions, fp32 matmuls)."""
+    """Switch TF32 off (strict) or back to PyTorch's defaults (TF32 convolutions, fp32 matmuls).
+
+    Uses ``torch.backends.cudnn.conv.fp32_precision`` / ``torch.backends.cuda.matmul
+    .fp32_precision`` where torch has them (mixing them with ``allow_tf32`` raises), else
+    ``allow_tf32``.
+    """
+    if has_fp32_precision_api():
+        torch.backends.cudnn.conv.fp32_precision = "ieee" if strict else "tf32"
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        return
     torch.backends.cudnn.allow_tf32 = not strict
     torch.backends.cuda.matmul.allow_tf32 = False
