@@ -421,7 +421,7 @@ adam_runs["no clipping"] = train_clipped(torch.optim.Adam, ORDERS[0], float("inf
 right, wrong, unclipped = (adam_runs[k] for k in (*ORDERS, "no clipping"))
 clipped_steps = {k: int((run["clip saw"] > spike_norm).sum()) for k, run in adam_runs.items()}
 print(f"max_norm {spike_norm:.3g}; steps the clip fired on, of {CLIP_STEPS}: {clipped_steps}")
-final_losses = {k: round(run["loss"].iloc[-1], 4) for k, run in adam_runs.items()}
+final_losses = {k: round(float(run["loss"].iloc[-1]), 4) for k, run in adam_runs.items()}
 print(f"final loss: {final_losses}")
 
 assert clipped_steps[ORDERS[0]] == 0 and right["loss"].equals(unclipped["loss"])  # never fired
