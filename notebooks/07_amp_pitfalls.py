@@ -12,7 +12,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # 07 · AMP pitfalls: skipped steps, schedulers, and what autocast leaves alone
 #
