@@ -548,8 +548,8 @@ migration = pd.DataFrame([
     ('Apex: model, opt = amp.initialize(model, opt, opt_level="O1")',
      "delete it; put torch.autocast around forward + loss"),
     ('Apex: opt_level="O2" ("almost fp16": fp16 model, fp32 master weights, fp32 BatchNorm)',
-     "closest: FSDP's MixedPrecision(param_dtype=..., reduce_dtype=...), which casts whole "
-     "modules and keeps fp32 sharded weights for the optimizer; plain autocast casts per op"),
+     "closest: FSDP's MixedPrecision(param_dtype=..., reduce_dtype=...) (fully_shard: "
+     "MixedPrecisionPolicy): 16-bit compute per module, fp32 sharded weights for the optimizer"),
     ('Apex: opt_level="O3" (pure fp16 training: model.half(), no master weights)',
      "model.to(torch.bfloat16) with no scaler; pure fp16 + GradScaler raises (below)"),
     ("Apex: with amp.scale_loss(loss, opt) as scaled: scaled.backward()",
