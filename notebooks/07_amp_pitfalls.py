@@ -205,8 +205,10 @@ fig.tight_layout()
 # out-of-place ops are eligible; **in-place** ops and calls with an **`out=`** tensor run in the
 # dtype of the tensors they write to; and ops called with an **explicit `dtype=`** keep that
 # dtype. To see autocast's own decision, every call below is compared with the same call with
-# autocast off. `mm` is on autocast's lower-precision list and `prod` on its float32 list, on
-# every device type (`aten/src/ATen/autocast_mode.cpp`).
+# autocast off. `mm` is on autocast's lower-precision list on every device type; `prod` runs in
+# float32 everywhere too: on the CPU's float32 list, and on CUDA, XPU and MPS on the
+# float32-with-output-dtype list (`fp32_set_opt_dtype`), whose rule is to keep a dtype the caller
+# passed (`aten/src/ATen/autocast_mode.cpp` and `.h`).
 
 # %%
 low = info.amp_dtype
