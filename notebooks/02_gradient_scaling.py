@@ -23,7 +23,7 @@
 #    smallest normal and subnormal numbers, and how many become exactly zero;
 # 2. walk through one scaler step by hand: scale, backward, unscale, check, step or skip, update;
 # 3. watch the scale over many steps, with an inf injected on purpose;
-# 4. clip gradients the right way, and see what clipping scaled gradients does;
+# 4. clip gradients the right way, and see what clipping scaled gradients does to SGD and to Adam;
 # 5. see that bfloat16 needs none of this.
 #
 # Seeds are fixed (`torch.manual_seed(0)`), so each run starts from the same weights, and every
@@ -38,6 +38,7 @@ from IPython.display import display
 from tqdm.auto import tqdm
 
 from amp_tutorial import ConvModel, describe_device, get_preset, make_problem, select_device
+from amp_tutorial.gradients import grad_norm, snapshot, update_norm
 
 info = select_device()
 preset = get_preset(device_type=info.type)
@@ -336,48 +337,125 @@ display(defaults)
 # scaler.update()
 # ```
 #
-# Below, the same gradients clipped both ways. `max_norm` is half the true norm, so clipping
-# should halve them.
+# What the wrong order costs depends on the **optimizer**. `train_clipped` below is the AMP loop
+# with clipping in either order; per step it records the norm the clip measured, the norm of the
+# (unscaled) gradients the optimizer then gets, and how far the step moved the weights
+# (`amp_tutorial.gradients` measures the norms). A 64x64 image keeps it quick, and a fixed scale
+# of 2^10 keeps the first step from overflowing.
 
 # %%
-def grad_norm(parameters):
-    return torch.linalg.vector_norm(
-        torch.stack([torch.linalg.vector_norm(p.grad) for p in parameters])).item()
+ORDERS = ("unscale_ then clip", "clip then unscale_")
+CLIP_SCALE = 2.0**10
+clip_inputs, clip_targets = make_problem(min(preset.grid, 64), fp16_device)
 
 
-def clipped_norm(unscale_first: bool, max_norm: float | None = None):
-    """Clip the gradients of one step in either order; return (norm clip saw, norm for step)."""
+def train_clipped(optimizer_class, order: str, max_norm: float, steps: int = 1) -> pd.DataFrame:
+    """fp16 AMP training from seed-0 weights, clipping in ``order``; one row per step."""
     model = new_model(fp16_device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scaler = torch.amp.GradScaler(fp16_device.type, init_scale=2.0**10)
-    with torch.autocast(fp16_device.type, dtype=torch.float16):
-        loss = torch.nn.functional.mse_loss(model(inputs), targets)
-    scaler.scale(loss).backward()
-    if unscale_first:
-        scaler.unscale_(optimizer)
-    seen = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm or float("inf")).item()
-    if not unscale_first:
-        scaler.unscale_(optimizer)  # what scaler.step would do next
-    return seen, grad_norm(model.parameters()), scaler.get_scale()
+    optimizer = optimizer_class(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler(fp16_device.type, init_scale=CLIP_SCALE,
+                                  growth_interval=10**6)  # the scale stays fixed here
+    rows = []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(fp16_device.type, dtype=torch.float16):
+            loss = torch.nn.functional.mse_loss(model(clip_inputs), clip_targets)
+        scaler.scale(loss).backward()
+        if order == "unscale_ then clip":
+            scaler.unscale_(optimizer)
+        clip_saw = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
+        if order == "clip then unscale_":
+            scaler.unscale_(optimizer)  # what scaler.step would do next
+        optimizer_got = grad_norm(model.parameters())
+        before = snapshot(model.parameters())
+        scaler.step(optimizer)
+        scaler.update()
+        rows.append((loss.item(), clip_saw, optimizer_got, update_norm(before, model.parameters())))
+    return pd.DataFrame(rows, columns=["loss", "clip saw", "optimizer got", "update"])
 
-
-true_norm = clipped_norm(unscale_first=True)[0]  # max_norm = inf: measure only
-max_norm = true_norm / 2
-right_seen, right_after, _ = clipped_norm(True, max_norm)
-wrong_seen, wrong_after, S = clipped_norm(False, max_norm)
-print(f"true gradient norm {true_norm:.4g}, max_norm {max_norm:.4g}, scale {S:g}")
-print(f"unscale_ then clip: clip saw {right_seen:.4g}; the optimizer gets norm {right_after:.4g}")
-print(f"clip then unscale_: clip saw {wrong_seen:.4g}; the optimizer gets norm {wrong_after:.4g}")
-assert np.isclose(right_after, max_norm, rtol=1e-3)
-assert np.isclose(wrong_seen, true_norm * S, rtol=1e-3)  # the scaled norm
-assert np.isclose(wrong_after, max_norm / S, rtol=1e-3)  # S times too small an update
 
 # %% [markdown]
-# Clipping the scaled gradients shrinks every update by the scale factor: training with a
-# learning rate of 1e-3 behaves like 1e-3 / 65536, it crawls, and nothing warns you. (Because the
-# scale changes during training, the damage even varies from step to step.) Any other code that
-# reads or changes `.grad` between backward and step (gradient logging, custom regularisers)
-# needs `scaler.unscale_(optimizer)` first, too.
+# ### One step: SGD shrinks by the scale, Adam does not
+#
+# The same first step with `max_norm` at half the true gradient norm, so clipping should halve
+# the gradients, for SGD and for Adam (the optimizer the course trains with), both with lr 1e-3:
+
+# %%
+true_norm = train_clipped(torch.optim.SGD, "unscale_ then clip", float("inf"))["optimizer got"][0]
+max_norm = true_norm / 2
+one_step = pd.DataFrame({
+    (opt.__name__, order): train_clipped(opt, order, max_norm).iloc[0]
+    for opt in (torch.optim.SGD, torch.optim.Adam) for order in ORDERS}).T
+print(f"true gradient norm {true_norm:.4g}, max_norm {max_norm:.4g}, scale {CLIP_SCALE:g}")
+display(one_step.drop(columns="loss").style.format("{:.3g}"))
+
+for opt in ("SGD", "Adam"):
+    right, wrong = one_step.loc[(opt, ORDERS[0])], one_step.loc[(opt, ORDERS[1])]
+    assert np.isclose(right["optimizer got"], max_norm, rtol=1e-3)  # halved, as asked
+    assert np.isclose(wrong["clip saw"], true_norm * CLIP_SCALE, rtol=1e-3)  # the scaled norm
+    assert np.isclose(wrong["optimizer got"], max_norm / CLIP_SCALE, rtol=1e-3)  # S times smaller
+sgd_shrink = one_step.loc[("SGD", ORDERS[0]), "update"] / one_step.loc[("SGD", ORDERS[1]), "update"]
+adam_shrink = (one_step.loc[("Adam", ORDERS[0]), "update"]
+               / one_step.loc[("Adam", ORDERS[1]), "update"])
+print(f"the right order's update is {sgd_shrink:.4g}x the wrong order's with SGD, "
+      f"{adam_shrink:.3g}x with Adam")
+assert np.isclose(sgd_shrink, CLIP_SCALE, rtol=1e-2)  # SGD: the update is S times too small
+assert 0.8 < adam_shrink < 1.25  # Adam: about the same step
+
+# %% [markdown]
+# With **SGD** the update is `lr * gradient`, so the S-times-too-small gradient gives an
+# S-times-too-small step: lr 1e-3 behaves like 1e-3 / S (1e-3 / 65536 at the default scale), the
+# run crawls, and nothing warns you. **Adam** divides each gradient by its own running RMS, so a
+# gradient that is uniformly S times smaller gives almost the same step (only its `eps=1e-8`
+# term notices, once gradients get that small). The damage with Adam is elsewhere: the clip
+# measured `S` times the true norm, so it acted as if `max_norm` were `max_norm / S`.
+#
+# ### Adam: a clip meant for spikes fires on every step
+#
+# A typical setting: `max_norm` well above the usual gradient norm (here 10 times the first
+# step's), so that it only catches rare spikes. Trained for a few dozen steps with Adam, in both
+# orders and without clipping:
+
+# %%
+CLIP_STEPS = max(preset.steps // 2, 6)
+spike_norm = 10 * true_norm
+adam_runs = {order: train_clipped(torch.optim.Adam, order, spike_norm, CLIP_STEPS)
+             for order in ORDERS}
+adam_runs["no clipping"] = train_clipped(torch.optim.Adam, ORDERS[0], float("inf"), CLIP_STEPS)
+right, wrong, unclipped = (adam_runs[k] for k in (*ORDERS, "no clipping"))
+clipped_steps = {k: int((run["clip saw"] > spike_norm).sum()) for k, run in adam_runs.items()}
+print(f"max_norm {spike_norm:.3g}; steps the clip fired on, of {CLIP_STEPS}: {clipped_steps}")
+final_losses = {k: round(float(run["loss"].iloc[-1]), 4) for k, run in adam_runs.items()}
+print(f"final loss: {final_losses}")
+
+assert clipped_steps[ORDERS[0]] == 0 and right["loss"].equals(unclipped["loss"])  # never fired
+assert clipped_steps[ORDERS[1]] == CLIP_STEPS  # the wrong order clipped every single step
+assert np.allclose(wrong["optimizer got"], spike_norm / CLIP_SCALE, rtol=1e-3)  # one fixed norm
+assert not wrong["loss"].equals(right["loss"])  # a different training run
+
+fig, ax = plt.subplots(figsize=(8, 3.5))
+for order, run in adam_runs.items():
+    ax.plot(run["update"], label=order, ls="--" if order == "no clipping" else "-")
+ax.set(title=f"Adam, fp16, max_norm = {spike_norm:.3g}: size of each step",
+       xlabel="training step", ylabel="weight update norm (2-norm)")
+ax.legend(fontsize=8)
+ax.grid(alpha=0.3)
+fig.tight_layout()
+late_right, late_wrong = right["update"].iloc[-1], wrong["update"].iloc[-1]
+print(f"last step moved the weights by {late_right:.3g} (unscale_ first) and {late_wrong:.3g} "
+      f"(clip first); first step {right['update'][0]:.3g} and {wrong['update'][0]:.3g}")
+
+# %% [markdown]
+# In the right order the clip never fires and the run is bit for bit the unclipped one. In the
+# wrong order it fires on **every** step and hands Adam a gradient of the same norm each time,
+# `max_norm / S`. Adam then no longer sees the gradient shrink as the loss falls, so its steps
+# do not shrink either (compare the curves' ends): you are training with a different optimizer
+# (normalised-gradient Adam) than the one you configured, and the spikes the clip was for are not
+# treated differently from any other step. Whether the loss ends higher or lower after a few
+# dozen steps depends on the problem; the point is that it is not the run you asked for, and when
+# the scale changes (it doubles every `growth_interval` good steps) the effective threshold moves
+# with it. Any other code that reads or changes `.grad` between backward and step (gradient
+# logging, custom regularisers) needs `scaler.unscale_(optimizer)` first, too.
 #
 # ## 5. bfloat16 needs no scaler
 #
@@ -411,7 +489,9 @@ assert not info.needs_grad_scaler(torch.bfloat16)
 #   before the step; it skips a step with inf/NaN gradients and backs the scale off, and grows it
 #   after `growth_interval` good steps. The defaults rarely need changing.
 # - Anything that touches `.grad` before the step, clipping first of all, comes after
-#   `scaler.unscale_(optimizer)`.
+#   `scaler.unscale_(optimizer)`. Clipping scaled gradients makes SGD's steps S times too small;
+#   with Adam the steps keep their size, but the clip acts at `max_norm / S` and fires on every
+#   step.
 # - bf16 has fp32's range: no scaler needed.
 #
 # **Lesson 03** trains the course model with all of this; **lesson 06** lets you write the loop

@@ -395,8 +395,10 @@ assert unsafe.dtype == amp_dtype  # only ~3 (bf16) or ~4 (fp16) significant digi
 # %% [markdown]
 # ### Why `binary_cross_entropy` is refused, and `binary_cross_entropy_with_logits` is the fix
 #
-# On CUDA (and ROCm), autocast refuses `F.binary_cross_entropy` / `nn.BCELoss` outright with a
-# `RuntimeError`. The CPU's autocast policy does not refuse it; it runs it in fp32. Either way the
+# On CUDA (and ROCm) and on Intel XPU, autocast refuses `F.binary_cross_entropy` / `nn.BCELoss`
+# outright with a `RuntimeError`: both register `binary_cross_entropy_banned` for the op in
+# PyTorch's `aten/src/ATen/autocast_mode.cpp`. The CPU's autocast puts it on its fp32 list
+# instead and runs it in fp32 (measured below when this runs on a CPU). Either way the
 # trouble starts one op earlier: a sigmoid computed in low precision rounds probabilities close
 # to 1 to exactly 1.0, and the BCE of a wrong prediction of 1.0 is `-log(0)`. PyTorch clamps
 # that log at -100, so instead of a large loss and a useful gradient you get a flat 100.
@@ -545,8 +547,11 @@ migration = pd.DataFrame([
      '@torch.amp.custom_fwd(device_type="cuda") / custom_bwd(device_type="cuda")'),
     ('Apex: model, opt = amp.initialize(model, opt, opt_level="O1")',
      "delete it; put torch.autocast around forward + loss"),
-    ('Apex: opt_level="O2" (fp16 weights + fp32 master copy) or "O3" (all fp16)',
-     "no equivalent: weights stay fp32, autocast casts per op"),
+    ('Apex: opt_level="O2" ("almost fp16": fp16 model, fp32 master weights, fp32 BatchNorm)',
+     "closest: FSDP's MixedPrecision(param_dtype=..., reduce_dtype=...) (fully_shard: "
+     "MixedPrecisionPolicy): 16-bit compute per module, fp32 sharded weights for the optimizer"),
+    ('Apex: opt_level="O3" (pure fp16 training: model.half(), no master weights)',
+     "model.to(torch.bfloat16) with no scaler; pure fp16 + GradScaler raises (below)"),
     ("Apex: with amp.scale_loss(loss, opt) as scaled: scaled.backward()",
      "scaler.scale(loss).backward(); scaler.step(opt); scaler.update()"),
     ("Apex: clip_grad_norm_(amp.master_params(opt), max_norm)",
@@ -557,10 +562,35 @@ migration = pd.DataFrame([
 migration.style.hide(axis="index").set_properties(**{"text-align": "left"})
 
 # %% [markdown]
-# Apex is not installed here, so its rows are a table only. The deprecated `torch.cuda.amp` and
-# `torch.cpu.amp` spellings still run; here they run once with their warnings captured. On a
-# machine without CUDA there is a second, more dangerous effect: the CUDA spellings do not fail,
-# they **switch themselves off** with a warning, so the "AMP" run is silently plain fp32.
+# Apex is not installed here, so its rows are a table only (the O levels are from Apex's
+# `apex.amp` documentation: O1 mixed precision, O2 "almost fp16", O3 fp16 training). One O3 habit
+# fails loudly in torch.amp: a model made `.half()` has fp16 gradients, and `GradScaler` refuses to
+# unscale them, because dividing fp16 gradients by the scale would underflow them again. Pure
+# 16-bit training is done in bfloat16 (no scaler), or with fp32 weights and autocast.
+
+# %%
+half_model = nn.Linear(4, 1).to(info.device).half()  # Apex O3 style: fp16 weights, fp16 grads
+half_optimizer = torch.optim.SGD(half_model.parameters(), lr=0.1)
+half_scaler = torch.amp.GradScaler(info.type)
+half_scaler.scale(half_model(torch.ones(2, 4, device=info.device, dtype=torch.float16)).sum()
+                  ).backward()
+try:
+    half_scaler.step(half_optimizer)
+    refused = None
+except ValueError as err:
+    refused = err
+print(f"GradScaler({info.type!r}).step with fp16 gradients: ValueError: {refused}")
+assert str(refused) == "Attempting to unscale FP16 gradients."
+
+# %% [markdown]
+# The deprecated `torch.cuda.amp` and `torch.cpu.amp` spellings still run; here they run once with
+# their warnings captured. Their danger is not the old name but the **hard-coded device**: on a
+# machine without CUDA the CUDA spellings do not fail, they switch themselves off with a warning,
+# so the "AMP" run is silently plain fp32. The new spellings with a hard-coded `"cuda"` do exactly
+# the same: `torch.amp.GradScaler("cuda")` and `torch.autocast("cuda")` check for CUDA in their
+# constructors (`torch/amp/grad_scaler.py`, `torch/amp/autocast_mode.py`) and disable themselves.
+# And even where CUDA exists, `autocast("cuda")` only changes ops on CUDA tensors: a model left on
+# the CPU runs in fp32 inside it. Pass the device type you actually use (`info.type` here).
 
 # %%
 with warnings.catch_warnings(record=True) as caught:
@@ -587,6 +617,23 @@ else:
                for w in caught)
 print(f"old GradScaler enabled: {old_scaler.is_enabled()}; old CUDA autocast active: "
       f"{old_cuda_autocast_on}")
+
+with warnings.catch_warnings(record=True) as caught_new:  # the new names, "cuda" hard-coded
+    warnings.simplefilter("always")
+    new_scaler = torch.amp.GradScaler("cuda")
+    with torch.autocast("cuda"):
+        new_cuda_autocast_on = torch.is_autocast_enabled("cuda")
+        cpu_autocast_on = torch.is_autocast_enabled("cpu")
+        cpu_matmul = torch.ones(4, 4) @ torch.ones(4, 4)  # a CPU tensor, as in a CPU-only run
+assert new_scaler.is_enabled() == old_scaler.is_enabled() == torch.cuda.is_available()
+assert new_cuda_autocast_on == old_cuda_autocast_on
+assert not cpu_autocast_on and cpu_matmul.dtype == torch.float32  # CPU ops untouched either way
+if not torch.cuda.is_available():
+    assert any("Disabling" in str(w.message) for w in caught_new)  # only a warning says so
+for w in caught_new:
+    print(f"new spelling, {w.category.__name__}: {w.message}")
+print(f'GradScaler("cuda") enabled: {new_scaler.is_enabled()}; autocast("cuda") active: '
+      f"{new_cuda_autocast_on}; a CPU matmul inside it: {cpu_matmul.dtype}")
 
 # %% [markdown]
 # ## 9. Troubleshooting
@@ -809,7 +856,8 @@ print(f"checkpoint: step {extra['step']}, written by rank 0 of {extra['world_siz
 # - Keep sensitive math in fp32 with `autocast(enabled=False)` and explicit casts; use
 #   `binary_cross_entropy_with_logits`; decorate custom Functions with `custom_fwd`/`custom_bwd`.
 # - Validate with `model.eval()`, `torch.inference_mode()` and autocast, no scaler.
-# - Replace `torch.cuda.amp.*` and Apex: on a CPU-only machine the old CUDA spellings quietly
-#   switch AMP off.
+# - Replace `torch.cuda.amp.*` and Apex, and never hard-code `"cuda"`: without CUDA,
+#   `GradScaler("cuda")` and `autocast("cuda")` quietly switch AMP off, old names or new. Pure
+#   fp16 (Apex O3) with a GradScaler raises "Attempting to unscale FP16 gradients."
 # - A non-finite loss is a forward-pass problem: stop, find the first module, fix the cause.
 # - DDP + AMP: autocast around the wrapped model, a scaler per process, `set_epoch`, rank 0 writes.

@@ -123,9 +123,12 @@ def train_with_amp(model, data, optimizer, loss_fn, epochs, device_type, amp_dty
 #
 # The checker does not read your source code. It runs your function and watches: whether autocast
 # is on during each forward pass and off during backward, which tensor `backward()` is called on,
-# whether gradients were zeroed before it, whether they changed before `unscale_`, who called
-# `optimizer.step()`, how often `scaler.update()` ran, and whether your loss history matches fp32
-# training of the same network (same seed, same data). It takes a few seconds on a laptop CPU.
+# whether gradients were zeroed before it (and not between it and the step), whether they changed
+# before `unscale_`, who called `optimizer.step()` and how many times per iteration (one
+# `backward()` to the next), whether each iteration ran `scaler.update()`, whether one GradScaler
+# is kept for the whole run, and whether your loss history matches fp32 training of the same
+# network (same seed, same data). Each message names what your code did. It takes a few seconds
+# on a laptop CPU.
 
 # %%
 result = check_train_with_amp(train_with_amp)

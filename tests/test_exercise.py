@@ -42,7 +42,9 @@ def amp_loop(
     enabled_toggles: bool = False,  # pass enabled= to autocast, as code with a use_amp flag does
     autocast: Callable[..., AbstractContextManager] = torch.autocast,
     autocast_dtype: torch.dtype | None = None,  # None: amp_dtype
-    zero_grad: str = "each step",  # "each step" (before forward), "after step" or "once"
+    scaler_per: str = "run",  # create the scaler once per "run", per "epoch" or per "step"
+    zero_grad: str = "each step",  # "each step" (before forward), "after step", "once",
+    # "after backward" (right after it, before unscale_) or "before step" (after clipping)
     zero_grad_on_model: bool = False,
     set_to_none: bool | None = True,  # None: zero_grad() with its default
     forward_in_autocast: bool = True,
@@ -57,6 +59,8 @@ def amp_loop(
     step: bool = True,
     step_via_scaler: bool = True,
     call_update: bool = True,
+    extra_step: str | None = None,  # step again: "scaler" (scaler.step twice), "optimizer"
+    # (optimizer.step() after scaler.step) or "after update" (step, update, step, update)
     history: Callable[[list[torch.Tensor], list[float], int], object] = mean_loss_per_epoch,
 ) -> Callable[..., object]:
     """A ``train_with_amp`` doing the reference solution's steps, changed as the options say.
@@ -101,7 +105,11 @@ def amp_loop(
         if zero_grad == "once":
             zero(model, optimizer)
         for _ in range(epochs):
+            if scaler_per == "epoch":
+                grad_scaler = make_scaler(device_type, amp_dtype)
             for inputs, targets in data:
+                if scaler_per == "step":
+                    grad_scaler = make_scaler(device_type, amp_dtype)
                 if zero_grad == "each step":
                     zero(model, optimizer)
                 with amp(forward_in_autocast):
@@ -112,6 +120,8 @@ def amp_loop(
                     scaled = grad_scaler.scale(loss) if use_scaler and scale_loss else loss
                     if backward:
                         scaled.backward()
+                if zero_grad == "after backward":
+                    zero(model, optimizer)
                 if unscale_now and not clip_before_unscale:
                     grad_scaler.unscale_(optimizer)
                 if clipping:
@@ -120,11 +130,20 @@ def amp_loop(
                     nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
                 if unscale_now and clip_before_unscale:
                     grad_scaler.unscale_(optimizer)
+                if zero_grad == "before step":
+                    zero(model, optimizer)
                 if step and use_scaler and step_via_scaler:
                     grad_scaler.step(optimizer)
                 elif step:
                     optimizer.step()
+                if extra_step == "scaler":
+                    grad_scaler.step(optimizer)
+                elif extra_step == "optimizer":
+                    optimizer.step()
                 if use_scaler and call_update:
+                    grad_scaler.update()
+                if extra_step == "after update":
+                    grad_scaler.step(optimizer)
                     grad_scaler.update()
                 if zero_grad == "after step":
                     zero(model, optimizer)
@@ -159,6 +178,22 @@ MISTAKES = [
     ("optimizer.step direct", amp_loop(step_via_scaler=False, unscale_every_step=True),
      exercise.OPTIMIZER_STEP_DIRECT, False),
     ("no scaler.update", amp_loop(call_update=False), exercise.NO_SCALER_UPDATE, True),
+    ("new scaler every step", amp_loop(scaler_per="step"), exercise.SCALER_NOT_CARRIED, False),
+    ("new scaler every epoch", amp_loop(scaler_per="epoch"), exercise.SCALER_NOT_CARRIED,
+     False),
+    ("scaler.step twice", amp_loop(extra_step="scaler"), exercise.STEPPED_TWICE, True),
+    ("optimizer.step after scaler.step", amp_loop(extra_step="optimizer"),
+     exercise.STEPPED_TWICE, False),
+    ("step and update twice", amp_loop(extra_step="after update"), exercise.STEPPED_TWICE,
+     False),
+    ("zeroed between backward and step", amp_loop(zero_grad="before step"),
+     exercise.GRADS_ZEROED_BEFORE_STEP, True),
+    ("zeroed (to zeros) between backward and step",
+     amp_loop(zero_grad="before step", set_to_none=False), exercise.GRADS_ZEROED_BEFORE_STEP,
+     False),
+    ("model zeroed right after backward, before unscale_",
+     amp_loop(zero_grad="after backward", zero_grad_on_model=True),
+     exercise.GRADS_ZEROED_BEFORE_STEP, True),
     ("grads zeroed once, not every step", amp_loop(zero_grad="once"), exercise.GRADS_NOT_ZEROED,
      False),
     ("forward not autocast", amp_loop(forward_in_autocast=False), exercise.FORWARD_NOT_AUTOCAST,
@@ -226,6 +261,35 @@ def test_checker_leaves_torch_unpatched() -> None:
 
 
 # -- correct variants ------------------------------------------------------------------------------
+def hand_written_loop(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype,
+                      max_grad_norm=None):
+    """A right loop written differently from the builder: manual zeroing, an `if` per scaler."""
+    scaler = torch.amp.GradScaler(device_type) if amp_dtype == torch.float16 else None
+    history = []
+    for _ in range(epochs):
+        losses = []
+        for inputs, targets in data:
+            with torch.autocast(device_type, amp_dtype):
+                loss = loss_fn(model(inputs), targets)
+            if scaler is None:
+                loss.backward()
+            else:
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+            if max_grad_norm:
+                nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            if scaler is None:
+                optimizer.step()
+            else:
+                scaler.step(optimizer)
+                scaler.update()
+            for p in model.parameters():
+                p.grad = None
+            losses.append(loss.item())
+        history.append(sum(losses) / len(losses))
+    return history
+
+
 CORRECT = {
     "reference solution": reference_solution,
     "bf16 without a scaler": amp_loop(scaler="none for bf16"),
@@ -235,6 +299,11 @@ CORRECT = {
         set_to_none=False, zero_grad="after step", unscale_every_step=True),
     "scaler on for bf16 too, model.zero_grad(), clip_grad_value_ after unscale_": amp_loop(
         scaler="always", zero_grad_on_model=True, set_to_none=None, clip_value_too=True),
+    "zero_grad() with its default at the bottom of the loop": amp_loop(
+        zero_grad="after step", set_to_none=None),
+    "model.zero_grad(set_to_none=False) at the top, bf16 without a scaler": amp_loop(
+        zero_grad_on_model=True, set_to_none=False, scaler="none for bf16"),
+    "hand-written: grads set to None by hand, scaler calls spelled out": hand_written_loop,
 }
 
 

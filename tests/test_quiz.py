@@ -27,3 +27,13 @@ def test_every_question_is_shown_with_its_options() -> None:
     for q in QUESTIONS.values():
         assert q.answer in q.options and q.text in text
         assert all(option in text for option in q.options.values())
+
+
+def test_clipping_answer_depends_on_the_optimizer() -> None:
+    """The clipping question is about Adam: the SGD-only answer (steps shrink by the scale) is an
+    option, and it is marked wrong; the right one names the threshold acting at max_norm / scale."""
+    q = QUESTIONS[4]
+    assert "Adam" in q.text
+    sgd_only = next(k for k, text in q.options.items() if "divided by the scale" in text)
+    assert check_quiz({4: sgd_only}).marks[4] == "wrong"
+    assert "max_norm / scale" in q.options[q.answer] and "SGD" in q.why

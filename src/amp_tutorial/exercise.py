@@ -3,8 +3,10 @@
 ``check_train_with_amp(fn)`` trains a tiny MLP with the learner's function on the CPU (float16 with
 and without clipping, then bfloat16) while it watches, without relying on how the code is spelled:
 autocast state at each forward and backward, which tensor is backpropagated, the gradients before
-each backward and between backward and unscaling, who calls ``optimizer.step``, and the
-``GradScaler`` calls. It then compares the returned loss history with plain fp32 training.
+each backward and between backward and the step, who calls ``optimizer.step`` and how often per
+iteration (an iteration runs from one ``backward()`` to the next), which ``GradScaler`` objects
+are used, and the ``GradScaler`` calls. It then compares the returned loss history with plain
+fp32 training. Used by lesson 06.
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ BACKWARD_IN_AUTOCAST = "backward-in-autocast"
 LOSS_NOT_SCALED = "loss-not-scaled"
 OPTIMIZER_STEP_DIRECT = "optimizer-step-direct"
 NO_SCALER_UPDATE = "no-scaler-update"
+SCALER_NOT_CARRIED = "scaler-state-not-carried"
+STEPPED_TWICE = "optimizer-stepped-twice"
 GRADS_NOT_ZEROED = "grads-not-zeroed"
+GRADS_ZEROED_BEFORE_STEP = "grads-zeroed-before-step"
 CLIP_BEFORE_UNSCALE = "clip-before-unscale"
 NOT_CLIPPED = "not-clipped"
 BAD_HISTORY = "bad-loss-history"
@@ -147,6 +152,18 @@ def _fp32_reference(scenario: Scenario) -> tuple[float, ...]:
     return tuple(train_fp32(model, data, optimizer, nn.MSELoss(), EPOCHS, scenario.max_grad_norm))
 
 
+@dataclass
+class _Iteration:
+    """What happened between one ``backward()`` and the next: one training iteration."""
+
+    calls: list[str] = field(default_factory=list)  # the step calls, in order, for messages
+    steps: int = 0  # scaler.step calls plus direct optimizer.step calls
+    scaler_step_calls: int = 0
+    scaler_steps_done: int = 0  # enabled scaler.step calls that returned
+    updates: int = 0
+    zeroed: bool = False  # the gradients were zeroed after backward, before the step used them
+
+
 class _Spy:
     """Watches one run of the learner's function and counts what it did at each step."""
 
@@ -159,12 +176,38 @@ class _Spy:
              "backward", "backward_in_autocast", "backward_unscaled", "backward_not_zeroed",
              "scale_enabled", "scale_disabled", "unscale", "scaler_step", "update",
              "optimizer_step", "optimizer_step_direct", "modified_before_unscale",
-             "not_clipped"], 0)
+             "not_clipped", "iterations_without_update", "stepped_twice",
+             "zeroed_before_step"], 0)
         self.wrong_dtypes: set[torch.dtype] = set()
+        self.scalers: list[torch.amp.GradScaler] = []  # enabled scalers seen, each object once
+        self.twice_calls: list[str] = []  # the step calls of the first iteration that stepped twice
         self.scaled_output: torch.Tensor | None = None  # what the last enabled scale() returned
         self.after_backward: list[torch.Tensor | None] | None = None  # grads right after backward
         self.unscaled = False  # unscale_ (explicit or inside step) ran since the last backward
         self.in_scaler_step = False
+        self.iteration = _Iteration()
+
+    # -- iterations ----------------------------------------------------------------------------
+    def close_iteration(self, complete: bool) -> None:
+        """Judge the iteration that just ended; ``complete`` is False when the run raised in it."""
+        it = self.iteration
+        if it.steps > 1:
+            self.count["stepped_twice"] += 1
+            self.twice_calls = self.twice_calls or it.calls
+        if "optimizer.step()" in it.calls and not it.scaler_step_calls:
+            self.count["optimizer_step_direct"] += 1
+        if complete and it.scaler_steps_done > it.updates:
+            self.count["iterations_without_update"] += 1
+        self.count["zeroed_before_step"] += it.zeroed
+        self.iteration = _Iteration()
+
+    def note_zeroed(self) -> None:
+        """Mark the iteration if every gradient backward produced is gone (None or all zeros)."""
+        if self.after_backward is None or self.iteration.zeroed:
+            return
+        had = any(g is not None and bool(g.count_nonzero()) for g in self.after_backward)
+        gone = all(p.grad is None or not bool(p.grad.count_nonzero()) for p in self.params)
+        self.iteration.zeroed = had and gone
 
     # -- hooks and wrappers --------------------------------------------------------------------
     def on_forward(self, module: nn.Module, args: tuple) -> None:
@@ -182,6 +225,8 @@ class _Spy:
             self.wrong_dtypes.add(torch.get_autocast_dtype(device_type))
 
     def backward(self, original: Callable, tensors, *args, **kwargs):
+        if self.count["backward"]:
+            self.close_iteration(complete=True)
         self.count["backward"] += 1
         if torch.is_autocast_enabled(DEVICE_TYPE):
             self.count["backward_in_autocast"] += 1
@@ -202,6 +247,8 @@ class _Spy:
         if scaler.is_enabled():
             self.count["scale_enabled"] += 1
             self.scaled_output = result
+            if not any(seen is scaler for seen in self.scalers):
+                self.scalers.append(scaler)
         else:
             self.count["scale_disabled"] += 1
         return result
@@ -210,6 +257,8 @@ class _Spy:
         if not scaler.is_enabled() or self.unscaled or self.after_backward is None:
             return
         self.unscaled = True
+        if self.iteration.zeroed:
+            return  # zeroed, not clipped: named as such
         for p, before in zip(self.params, self.after_backward, strict=True):
             if (p.grad is None) != (before is None) or (
                     before is not None and not torch.equal(p.grad, before)):
@@ -218,10 +267,15 @@ class _Spy:
 
     def unscale_(self, original: Callable, scaler: torch.amp.GradScaler, optimizer):
         self.count["unscale"] += scaler.is_enabled()
+        self.note_zeroed()
         self._check_unmodified_before_unscale(scaler)
         return original(scaler, optimizer)
 
     def step(self, original: Callable, scaler: torch.amp.GradScaler, optimizer, *args, **kwargs):
+        self.iteration.steps += 1
+        self.iteration.scaler_step_calls += 1
+        self.iteration.calls.append("scaler.step(optimizer)")
+        self.note_zeroed()
         self._check_unmodified_before_unscale(scaler)
         self.in_scaler_step = True
         try:
@@ -229,19 +283,25 @@ class _Spy:
         finally:
             self.in_scaler_step = False
         self.count["scaler_step"] += scaler.is_enabled()  # counted only when it succeeded
+        self.iteration.scaler_steps_done += scaler.is_enabled()
         return result
 
     def update(self, original: Callable, scaler: torch.amp.GradScaler, *args, **kwargs):
         self.count["update"] += scaler.is_enabled()
+        self.iteration.updates += scaler.is_enabled()
+        if scaler.is_enabled():
+            self.iteration.calls.append("scaler.update()")
         return original(scaler, *args, **kwargs)
 
     def on_optimizer_step(self, optimizer, args, kwargs) -> None:
         self.count["optimizer_step"] += 1
         if not self.in_scaler_step:
-            self.count["optimizer_step_direct"] += 1
+            self.iteration.steps += 1
+            self.iteration.calls.append("optimizer.step()")
+        self.note_zeroed()
         limit = self.scenario.max_grad_norm
         grads = [p.grad for p in self.params if p.grad is not None]
-        if limit is not None and grads:
+        if limit is not None and grads and not self.iteration.zeroed:
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g)
                                                          for g in grads]))
             if norm > limit * 1.001:
@@ -276,6 +336,8 @@ def _run(fn: TrainFn, scenario: Scenario) -> tuple[_Spy, object, BaseException |
                          scenario.amp_dtype, max_grad_norm=scenario.max_grad_norm)
         except Exception as err:  # the learner's bug, reported rather than raised
             error = err
+    if spy.count["backward"]:
+        spy.close_iteration(complete=error is None)
     return spy, history, error
 
 
@@ -318,22 +380,45 @@ def _process_problems(spy: _Spy, scenario: Scenario, error: BaseException | None
             "optimizer.step() was called directly instead of scaler.step(optimizer). "
             "scaler.step unscales the gradients if you have not, and skips the step when they "
             "contain inf/NaN; a direct call applies scaled or overflowed gradients."))
-    if scaler_used and c["update"] < c["scaler_step"]:
+    if c["stepped_twice"]:
+        calls = ", ".join(spy.twice_calls)
+        found.append(Problem(STEPPED_TWICE,
+            f"The optimizer was stepped more than once in one iteration ({c['stepped_twice']} "
+            f"iterations; between one backward() and the next your code called: {calls}). "
+            "Each batch gets one update: call scaler.step(optimizer) once (it calls "
+            "optimizer.step() for you, so do not call that as well), then scaler.update()."))
+    if len(spy.scalers) > 1:
+        found.append(Problem(SCALER_NOT_CARRIED,
+            f"{len(spy.scalers)} different GradScaler objects scaled the losses of one "
+            f"training run ({c['backward']} backward calls). The scaler's state (the current "
+            "scale and its count of good steps) must carry over from step to step: a new "
+            "scaler starts again at 65536 and never learns the scale, so it cannot back off "
+            "for good after an overflow or grow after good steps. Create one GradScaler "
+            "before the loops and reuse it."))
+    if scaler_used and c["iterations_without_update"]:
         found.append(Problem(NO_SCALER_UPDATE,
-            f"scaler.update() is missing: it ran {c['update']} times for {c['scaler_step']} "
-            "scaler.step calls. Call it once after every scaler.step(optimizer), so the scale "
-            "backs off after an overflow and grows again after good steps."))
+            f"scaler.update() is missing: {c['iterations_without_update']} iterations called "
+            "scaler.step(optimizer) but not scaler.update() before the next backward. Call it "
+            "once after every scaler.step(optimizer), so the scale backs off after an overflow "
+            "and grows again after good steps."))
     if c["backward_not_zeroed"]:
         found.append(Problem(GRADS_NOT_ZEROED,
             f"Gradients were not zeroed between steps ({c['backward_not_zeroed']} backward "
             "calls added to the previous step's gradients). Call optimizer.zero_grad() "
             "(set_to_none either way) once per step, before backward."))
+    if c["zeroed_before_step"]:
+        found.append(Problem(GRADS_ZEROED_BEFORE_STEP,
+            f"The gradients were zeroed after backward() and before the optimizer step "
+            f"({c['zeroed_before_step']} iterations), so the step had no gradients to use "
+            "(with a GradScaler in float16, scaler.step then finds nothing to unscale and "
+            "raises). Zero them at the start of the iteration, before the forward pass, or "
+            "after scaler.update(); never between backward and step."))
     if c["modified_before_unscale"]:
         found.append(Problem(CLIP_BEFORE_UNSCALE,
             "The gradients were changed (clipped?) between backward and scaler.unscale_: they "
             "were still multiplied by the scale, so clip_grad_norm_ measured and clipped the "
-            "scaled norm. Call scaler.unscale_(optimizer) first, then clip, then "
-            "scaler.step(optimizer)."))
+            "scaled norm (max_norm acted like max_norm / scale on the true gradients). Call "
+            "scaler.unscale_(optimizer) first, then clip, then scaler.step(optimizer)."))
     if c["not_clipped"]:
         found.append(Problem(NOT_CLIPPED,
             f"max_grad_norm={scenario.max_grad_norm} was given, but {c['not_clipped']} "

@@ -52,16 +52,21 @@ QUESTIONS: dict[int, Question] = {
         "fp16 keeps about 3 decimal digits (bf16 about 2): w + 1e-5 == w for w near 1. fp32 "
         "weights accumulate many small updates; autocast casts them to 16 bit per op."),
     4: Question(
-        "You call `clip_grad_norm_(model.parameters(), 1.0)` right after "
+        "You train with Adam and call `clip_grad_norm_(model.parameters(), max_norm)` right after "
         "`scaler.scale(loss).backward()`, without `scaler.unscale_(optimizer)`. What happens?",
         {"a": "Nothing changes: clipping does not depend on the scale.",
-         "b": "The norm it measures is the true norm times the scale, so it shrinks the gradients "
-              "far too much and the updates become tiny.",
-         "c": "GradScaler raises an error.",
-         "d": "The step is skipped."},
-        "b",
-        "The gradients are still multiplied by the scale (65536 at first). Unscale first, then "
-        "clip, then `scaler.step(optimizer)`."),
+         "b": "Every update becomes about `scale` times smaller, as if the learning rate had been "
+              "divided by the scale.",
+         "c": "The clip measures `scale` times the true norm, so it acts as if max_norm were "
+              "max_norm / scale: it clips nearly every step, and Adam, which hardly notices a "
+              "uniformly smaller gradient, keeps stepping as if clipping were always on.",
+         "d": "GradScaler raises an error."},
+        "c",
+        "The gradients are still multiplied by the scale (65536 at first), so the clip fires at "
+        "max_norm / scale of the true norm. With SGD that would shrink every step by the scale "
+        "(answer b); Adam divides by the gradient's own RMS, so its steps keep their size, but "
+        "the clip is no longer the one you set. Unscale first, then clip, then "
+        "`scaler.step(optimizer)`."),
     5: Question(
         "One gradient contains an inf. What do `scaler.step(optimizer)` and `scaler.update()` do?",
         {"a": "They raise an error.",
