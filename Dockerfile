@@ -42,8 +42,16 @@ RUN --mount=type=secret,id=ca-bundle \
       > "$(/opt/course/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/base_image.pth" \
  && /opt/course/bin/pip install --no-cache-dir --quiet --no-deps --require-hashes -r /tmp/requirements.txt \
  && rm /tmp/requirements.txt
+# `torchrun` first on the PATH runs torch.distributed.run with the course's Python (the base's
+# torchrun would start workers that cannot import amp_tutorial).
+COPY docker/torchrun /opt/course/bin/torchrun
+# SHELL: JupyterLab's terminals start $SHELL (else sh); bash gives learners history and completion.
+# AMP_TUTORIAL_IN_CONTAINER: a GPU that is there but closed to the lab user is then reported with
+# the compose setting that fixes it (amp_tutorial.gpu_access).
 ENV PATH=/opt/course/bin:$PATH \
-    VIRTUAL_ENV=/opt/course
+    VIRTUAL_ENV=/opt/course \
+    SHELL=/bin/bash \
+    AMP_TUTORIAL_IN_CONTAINER=1
 
 # The amp_tutorial package, and its wheel data: the lab settings land in /opt/course/etc/jupyter.
 COPY pyproject.toml README.md /tmp/course/

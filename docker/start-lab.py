@@ -4,6 +4,9 @@
 The token is $JUPYTER_TOKEN if set, otherwise a random one, printed with the URL. An empty token is
 refused: it would let anyone who reaches the port run code. Compose publishes the port on
 127.0.0.1 only; AMP_TUTORIAL_PORT is the host port, used here only to print the right URL.
+
+Before that it checks that the lab user may open the GPU device files compose passed (ROCm:
+/dev/kfd, /dev/dri/renderD*). If not, torch would quietly see no GPU; the log says so, with the fix.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import os
 import secrets
 import sys
 
+from amp_tutorial.gpu_access import gpu_access_problem
 from amp_tutorial.lab import lab_command
 
 
@@ -21,6 +25,9 @@ def main() -> None:
     if token == "":
         sys.exit("error: JUPYTER_TOKEN is set but empty; an empty token would let anyone who "
                  "reaches the port run code. Unset it to get a random token, or set a real one.")
+    if problem := gpu_access_problem():
+        print(f"\nwarning: the lessons will run on the CPU: {problem}\n", file=sys.stderr,
+              flush=True)
     if token is None:
         os.environ["JUPYTER_TOKEN"] = token = secrets.token_hex(24)
         print(f"\n    The course is at {url}?token={token}\n", flush=True)

@@ -1,16 +1,20 @@
-"""Docker image and compose setup: static checks, then a real build and start of the CPU variant.
+"""Docker image and compose setup: static checks, then real builds and starts on the base layouts.
 
 The end-to-end tests need a Docker engine with Compose v2 (`.ci/run` installs both). No registry is
 reachable in CI, so the base image is built here: a Debian bookworm rootfs (debootstrap, so root is
 needed) with Python and a CPU torch wheel, imported with `docker import` and kept between runs under
-BASE_TAG. The course image is then built through compose with BASE_IMAGE pointing at it, exactly as
-a user's `docker compose up` builds it, and started under a unique project name on a free port,
-with a copy of notebooks/ as the bind mount. Everything the tests start is removed afterwards.
-Outside CI, a missing tool skips these tests; under CI=true it fails them.
+BASE_TAG. On it, one thin layer each makes stand-ins for the real bases' layouts (LAYOUTS:
+rocm/pytorch's and pytorch/pytorch's), kept too. The course image is then built through compose
+with BASE_IMAGE pointing at a layout, exactly as a user's `docker compose up` builds it, and started
+under a unique project name on a free port, with a copy of notebooks/ as the bind mount. Everything
+the tests start is removed afterwards, also when a test fails. Outside CI, a missing tool skips
+these tests; under CI=true it fails them.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -18,13 +22,14 @@ import secrets
 import shutil
 import socket
 import ssl
+import stat
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -182,7 +187,7 @@ def test_settings_override_the_defaults(compose_cli: None) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# End to end: build the CPU variant on a local base image, start it, probe it
+# End to end: build the CPU variant on each base layout, start it, probe it
 # ---------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
@@ -233,9 +238,66 @@ def base_image(docker_engine: None) -> str:
     return BASE_TAG
 
 
-@dataclass
+# The base images' layouts, each one thin layer on the test base (which already has Python and
+# torch in a venv at /opt/venv, and Debian's video group, GID 44).
+ROCM_LAYOUT_RECIPE = """
+# rocm/pytorch: Ubuntu's user `ubuntu` (UID and GID 1000), a `render` group with the image's own
+# number, and Python with torch in a venv at /opt/venv, whose torchrun runs that venv's Python.
+RUN groupadd --system --gid 109 render \
+ && groupadd --gid 1000 ubuntu \
+ && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash ubuntu
+"""
+CONDA_LAYOUT_RECIPE = """
+# pytorch/pytorch: Python is a prefix install under /opt/conda (not a venv) with torch in its own
+# packages folder, torchrun runs /opt/conda/bin/python, and there is no other Python. Stand-in
+# details: the interpreter is the base's Debian Python copied there (so its folder is called
+# dist-packages), and that folder links to the base's torch rather than copying 900 MB.
+RUN mkdir -p /opt/conda/bin /opt/conda/lib \
+ && cp -a /usr/lib/python3.11 /opt/conda/lib/python3.11 \
+ && cp /usr/bin/python3.11 /opt/conda/bin/python3.11 \
+ && ln -s python3.11 /opt/conda/bin/python3 \
+ && ln -s python3 /opt/conda/bin/python \
+ && ln -s /opt/venv/lib/python3.11/site-packages /opt/conda/lib/python3.11/dist-packages \
+ && sed '1s|.*|#!/opt/conda/bin/python|' /opt/venv/bin/torchrun > /opt/conda/bin/torchrun \
+ && chmod 755 /opt/conda/bin/torchrun \
+ && rm -rf /opt/venv/bin /opt/venv/pyvenv.cfg /usr/bin/python3* /usr/lib/python3.11 \
+ && python=/opt/conda/bin/python \
+ && $python -c "import sys, torch; assert sys.prefix == sys.base_prefix == '/opt/conda'"
+ENV PATH=/opt/conda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A stand-in for a real base image's layout, built as one thin layer on the test base."""
+
+    stands_in_for: str
+    recipe: str  # Dockerfile lines after FROM <the test base>
+    root_uid: int  # the host UID/GID the test takes when it runs as root (the lab never is root)
+
+
+LAYOUTS = {
+    "rocm": Layout("rocm/pytorch", ROCM_LAYOUT_RECIPE, 1000),  # the UID of the image's `ubuntu`
+    "conda": Layout("pytorch/pytorch", CONDA_LAYOUT_RECIPE, 1001),  # not the default NB_UID
+}
+IMAGE_RENDER_GID = 109  # the rocm layout's own `render` group
+HOST_RENDER_GID = 4242  # the render group of the stand-in host device files: another number
+
+
+def layout_image(base_image: str, layout: Layout) -> str:
+    """The base image with the layout's layer, built once per host and recipe (kept, like the
+    base, under a tag that changes with the recipe)."""
+    recipe_hash = hashlib.sha256(f"{base_image}\n{layout.recipe}".encode()).hexdigest()[:12]
+    tag = f"amp-tutorial-test-layout:{layout.stands_in_for.replace('/', '-')}-{recipe_hash}"
+    if run(["docker", "image", "inspect", tag], check=False).returncode != 0:
+        run(["docker", "build", "--quiet", "--tag", tag, "-"], timeout=600,
+            input=f"FROM {base_image}\n{layout.recipe}")
+    return tag
+
+
+@dataclasses.dataclass
 class Lab:
-    """A running compose project of the CPU variant, and ways to talk to it."""
+    """A running compose project of the CPU variant on one layout, and ways to talk to it."""
 
     project: str
     env: dict[str, str]
@@ -243,12 +305,15 @@ class Lab:
     uid: int
     gid: int
     notebooks: Path
+    base_image: str
     token: str = ""
+    override: Path | None = None  # a compose file merged over docker-compose.yml
 
     def compose(self, *args: str, timeout: float = 300, check: bool = True,
                 ) -> subprocess.CompletedProcess[str]:
-        return run([*compose_command(self.project), *args], env=self.env, timeout=timeout,
-                   check=check)
+        override = ["--file", self.override] if self.override else []
+        return run([*compose_command(self.project), *override, *args], env=self.env,
+                   timeout=timeout, check=check)
 
     def exec(self, *args: str, timeout: float = 120, check: bool = True,
              ) -> subprocess.CompletedProcess[str]:
@@ -290,36 +355,123 @@ class Lab:
         except urllib.error.HTTPError as error:
             return error.code, None
 
+    def processes(self) -> list[tuple[int, str]]:
+        """(uid, command line) of every process in the container."""
+        listing = self.exec("python", "-c", LIST_PROCESSES).stdout
+        return [(int(uid), command) for uid, command in
+                (line.split(" ", 1) for line in listing.splitlines())]
+
+
+# Prints "uid command line" for every process in the container.
+LIST_PROCESSES = """
+import pathlib
+for proc in pathlib.Path("/proc").glob("[0-9]*"):
+    try:
+        status = dict(line.split(":", 1) for line in (proc / "status").read_text().splitlines())
+        command = (proc / "cmdline").read_bytes().replace(b"\\0", b" ").decode()
+    except OSError:  # gone meanwhile
+        continue
+    print(status["Uid"].split()[0], " ".join(command.split()))
+"""
+
+
+class Labs:
+    """The labs of this module, one per layout: built and started on first use, and all stopped
+    and removed (images included) at the end, also when a build or start failed."""
+
+    def __init__(self, base_image: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self.base_image = base_image
+        self.tmp_path_factory = tmp_path_factory
+        self.started: dict[str, Lab] = {}
+        self.failed: dict[str, str] = {}
+        self.timings: dict[str, float] = {}
+
+    def get(self, name: str) -> Lab:
+        if name in self.failed:
+            pytest.fail(f"the {name} layout's lab failed to start earlier: {self.failed[name]}")
+        if name not in self.started:
+            began = time.monotonic()
+            try:
+                self.started[name] = lab = self._create(name)
+                lab.compose("build", timeout=1800)
+                lab.up()
+            except BaseException as error:
+                self.failed[name] = str(error)[:2000]
+                raise
+            self.timings[name] = time.monotonic() - began
+        return self.started[name]
+
+    def _create(self, name: str) -> Lab:
+        layout = LAYOUTS[name]
+        image = layout_image(self.base_image, layout)
+        # The bind mount gets a copy of notebooks/, so the tests never edit the checkout. It
+        # belongs to the user running the tests, whose UID/GID the image gets; as root the test
+        # stands in the layout's UID for itself, since the lab never runs as root.
+        uid, gid = ((os.getuid(), os.getgid()) if os.getuid() != 0
+                    else (layout.root_uid, layout.root_uid))
+        notebooks = self.tmp_path_factory.mktemp(f"notebooks-{name}")
+        shutil.copytree(ROOT / "notebooks", notebooks, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints",
+                                                      "__pycache__"))
+        if os.getuid() == 0:
+            for path in [notebooks, *notebooks.rglob("*")]:
+                os.chown(path, uid, gid)
+        project = f"amp-tutorial-test-{name}-{secrets.token_hex(4)}"
+        settings = {
+            "AMP_TUTORIAL_VARIANT": "cpu", "BASE_IMAGE": image, "AMP_TUTORIAL_IMAGE": project,
+            "AMP_TUTORIAL_PORT": str(free_port()), "NB_UID": str(uid), "NB_GID": str(gid),
+            "AMP_TUTORIAL_NOTEBOOKS": str(notebooks),
+        }
+        if ca_bundle := host_ca_bundle():
+            settings["AMP_TUTORIAL_CA_BUNDLE"] = ca_bundle
+        return Lab(project, compose_env(**settings), int(settings["AMP_TUTORIAL_PORT"]), uid, gid,
+                   notebooks, image)
+
+    def remove_all(self) -> None:
+        for lab in self.started.values():
+            lab.compose("down", "--volumes", "--rmi", "all", "--remove-orphans", check=False)
+
 
 @pytest.fixture(scope="module")
-def lab(base_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    # The bind mount gets a copy of notebooks/, so the tests never edit the checkout. It belongs
-    # to the user running the tests, whose UID/GID the image gets; root stands in 1000 for itself,
-    # since the lab never runs as root.
-    uid, gid = (os.getuid(), os.getgid()) if os.getuid() != 0 else (1000, 1000)
-    notebooks = tmp_path_factory.mktemp("notebooks")
-    shutil.copytree(ROOT / "notebooks", notebooks, dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints", "__pycache__"))
-    if os.getuid() == 0:
-        for path in [notebooks, *notebooks.rglob("*")]:
-            os.chown(path, uid, gid)
-    project = f"amp-tutorial-test-{secrets.token_hex(4)}"
-    settings = {
-        "AMP_TUTORIAL_VARIANT": "cpu", "BASE_IMAGE": base_image, "AMP_TUTORIAL_IMAGE": project,
-        "AMP_TUTORIAL_PORT": str(free_port()), "NB_UID": str(uid), "NB_GID": str(gid),
-        "AMP_TUTORIAL_NOTEBOOKS": str(notebooks),
-    }
-    if ca_bundle := host_ca_bundle():
-        settings["AMP_TUTORIAL_CA_BUNDLE"] = ca_bundle
-    lab = Lab(project, compose_env(**settings), int(settings["AMP_TUTORIAL_PORT"]), uid, gid,
-              notebooks)
+def labs(base_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Labs]:
+    labs = Labs(base_image, tmp_path_factory)
     try:
-        lab.compose("build", timeout=1800)
-        lab.up()
-        yield lab
+        yield labs
     finally:
-        lab.compose("down", "--volumes", "--rmi", "all", "--remove-orphans", check=False)
+        labs.remove_all()
+        # Build and start time per layout: what these tests add to a CI run.
+        print("\nlab build+start:", ", ".join(f"{k} {v:.0f} s" for k, v in labs.timings.items()))
 
+
+@pytest.fixture(params=list(LAYOUTS))
+def lab(request: pytest.FixtureRequest, labs: Labs) -> Lab:
+    """The lab on each layout in turn (tests that hold on every base image)."""
+    return labs.get(request.param)
+
+
+@pytest.fixture
+def rocm_lab(labs: Labs) -> Lab:
+    """The lab on the rocm/pytorch layout (tests of what does not depend on the base)."""
+    return labs.get("rocm")
+
+
+@pytest.fixture(scope="module")
+def host_gpu_files() -> Iterator[dict[str, Path]]:
+    """Stand-ins for a ROCm host's /dev/kfd and /dev/dri/renderD128, keyed by those paths:
+    character devices (with /dev/null's numbers: harmless) of group HOST_RENDER_GID, mode 0660,
+    as udev makes them. Docker gives a passed device file the host file's owner and mode."""
+    if os.geteuid() != 0:
+        missing("the stand-in GPU device files need root (mknod)")
+    with tempfile.TemporaryDirectory(prefix="amp-tutorial-devices-") as folder:
+        files = {"/dev/kfd": Path(folder, "kfd"), "/dev/dri/renderD128": Path(folder, "renderD128")}
+        for path in files.values():
+            os.mknod(path, 0o660 | stat.S_IFCHR, os.makedev(1, 3))
+            os.chown(path, 0, HOST_RENDER_GID)
+            path.chmod(0o660)  # mknod applied the umask
+        yield files
+
+
+# --- on every layout --------------------------------------------------------------------------
 
 def test_container_turns_healthy(lab: Lab) -> None:
     container = lab.container()
@@ -334,43 +486,15 @@ def test_api_answers_only_with_the_token(lab: Lab) -> None:
     assert lab.request("GET", "/api/status", token="not-the-token")[0] == 403
 
 
-def test_empty_token_is_refused(lab: Lab) -> None:
-    result = lab.compose("run", "--rm", "--no-deps", "--no-TTY", "-e", "JUPYTER_TOKEN=", "lab",
-                         check=False)
-    assert result.returncode != 0
-    assert "JUPYTER_TOKEN is set but empty" in result.stderr
-
-
-def test_port_is_published_on_loopback_only(lab: Lab) -> None:
-    container = lab.container()
-    bindings = container["NetworkSettings"]["Ports"]["8888/tcp"]
-    assert bindings == [{"HostIp": "127.0.0.1", "HostPort": str(lab.port)}]
-    # The same port on another address of this host (the project network's gateway) is closed.
-    network = next(iter(container["NetworkSettings"]["Networks"].values()))
-    with pytest.raises(OSError):
-        socket.create_connection((network["Gateway"], lab.port), timeout=5).close()
-
-
-# Prints "uid command line" for every process in the container.
-LIST_PROCESSES = """
-import pathlib
-for proc in pathlib.Path("/proc").glob("[0-9]*"):
-    status = dict(line.split(":", 1) for line in (proc / "status").read_text().splitlines())
-    command = (proc / "cmdline").read_bytes().replace(b"\\0", b" ").decode()
-    print(status["Uid"].split()[0], " ".join(command.split()))
-"""
-
-
 def test_lab_runs_as_the_host_user_not_root(lab: Lab) -> None:
-    listing = lab.exec("python", "-c", LIST_PROCESSES).stdout
-    processes = [line.split(" ", 1) for line in listing.splitlines()]
-    assert any("jupyterlab" in command for _, command in processes), listing
-    assert {int(uid) for uid, _ in processes} == {lab.uid}, listing
+    processes = lab.processes()
+    assert any("jupyterlab" in command for _, command in processes), processes
+    assert {uid for uid, _ in processes} == {lab.uid}, processes
 
 
-def test_torch_is_the_base_images_own(lab: Lab, base_image: str) -> None:
+def test_torch_is_the_base_images_own(lab: Lab) -> None:
     probe = "import torch; print(torch.__version__, torch.__file__)"
-    in_base = run(["docker", "run", "--rm", base_image, "python", "-c", probe]).stdout.split()
+    in_base = run(["docker", "run", "--rm", lab.base_image, "python", "-c", probe]).stdout.split()
     in_lab = lab.exec("python", "-c", probe).stdout.split()
     assert in_lab == in_base
     assert not in_lab[1].startswith("/opt/course/")
@@ -382,23 +506,6 @@ def test_torch_is_the_base_images_own(lab: Lab, base_image: str) -> None:
     assert [name for name in installed if NOT_FROM_LOCK.match(name)] == []
 
 
-def test_lab_settings_are_in_effect(lab: Lab) -> None:
-    overrides = json.loads(LAB_OVERRIDES.read_text())
-    for plugin, settings in overrides.items():
-        status, body = lab.request("GET", f"/lab/api/settings/{plugin}")
-        assert status == 200, plugin
-        for key, value in settings.items():
-            assert body["schema"]["properties"][key]["default"] == value, (plugin, key)
-
-
-def test_course_notebook_opens_as_a_notebook(lab: Lab) -> None:
-    status, model = lab.request("GET", f"/api/contents/{LESSON.name}?type=notebook&content=1")
-    assert status == 200
-    assert (model["type"], model["format"]) == ("notebook", "json")
-    expected = jupytext.read(LESSON)
-    assert [c["source"] for c in model["content"]["cells"]] == [c.source for c in expected.cells]
-
-
 def test_notebook_executes_in_the_container_at_the_smoke_preset(lab: Lab) -> None:
     lab.exec("env", "AMP_TUTORIAL_PRESET=smoke", "jupytext", "--execute", "--to", "ipynb",
              "--output", "/tmp/executed.ipynb", LESSON.name, timeout=600)
@@ -408,7 +515,7 @@ def test_notebook_executes_in_the_container_at_the_smoke_preset(lab: Lab) -> Non
     assert not [o for c in code_cells for o in c["outputs"] if o["output_type"] == "error"]
 
 
-def test_edits_survive_down_and_up_and_belong_to_the_host_user(lab: Lab) -> None:
+def test_an_edit_lands_on_the_host_owned_by_the_host_user(lab: Lab) -> None:
     marker = f"Edited in the container ({secrets.token_hex(4)})"
     status, model = lab.request("GET", f"/api/contents/{LESSON.name}?type=notebook&content=1")
     notebook = model["content"]
@@ -419,15 +526,174 @@ def test_edits_survive_down_and_up_and_belong_to_the_host_user(lab: Lab) -> None
     created, _ = lab.request("PUT", "/api/contents/notes.txt",
                              {"type": "file", "format": "text", "content": marker})
     assert (saved, created) == (200, 201)
+    assert marker in (lab.notebooks / LESSON.name).read_text()  # saved as py:percent
+    stat_result = (lab.notebooks / "notes.txt").stat()
+    assert (stat_result.st_uid, stat_result.st_gid) == (lab.uid, lab.gid)
 
-    on_host = lab.notebooks / LESSON.name
-    assert marker in on_host.read_text()  # saved as py:percent, through the bind mount
-    stat = (lab.notebooks / "notes.txt").stat()
-    assert (stat.st_uid, stat.st_gid) == (lab.uid, lab.gid)
 
-    lab.compose("down")
-    lab.up()
-    status, model = lab.request("GET", f"/api/contents/{LESSON.name}?type=notebook&content=1")
-    assert status == 200 and model["content"]["cells"][-1]["source"] == marker
-    status, model = lab.request("GET", "/api/contents/notes.txt?type=file&format=text&content=1")
+def test_torchrun_runs_the_course_in_the_container(lab: Lab) -> None:
+    # The README's command, as written: the base's own torchrun would start workers with the
+    # base's Python, which cannot import amp_tutorial.
+    result = lab.exec("torchrun", "--nproc-per-node", "2", "-m", "amp_tutorial.ddp",
+                      "--preset", "smoke", "--device", "cpu", timeout=600)
+    assert "DDP: 2 process(es), backend gloo" in result.stdout, result.stdout + result.stderr
+
+
+def test_terminal_runs_bash(lab: Lab) -> None:
+    before = {command for _, command in lab.processes()}
+    status, terminal = lab.request("POST", "/api/terminals")
+    assert status == 200
+    try:
+        started = [(uid, command) for uid, command in lab.processes() if command not in before]
+        assert (lab.uid, "/bin/bash -l") in started, started
+    finally:
+        lab.request("DELETE", f"/api/terminals/{terminal['name']}")
+
+
+# --- on one layout: what does not depend on the base --------------------------------------------
+
+def test_empty_token_is_refused(rocm_lab: Lab) -> None:
+    result = rocm_lab.compose("run", "--rm", "--no-deps", "--no-TTY", "-e", "JUPYTER_TOKEN=",
+                              "lab", check=False)
+    assert result.returncode != 0
+    assert "JUPYTER_TOKEN is set but empty" in result.stderr
+
+
+def test_port_is_published_on_loopback_only(rocm_lab: Lab) -> None:
+    container = rocm_lab.container()
+    bindings = container["NetworkSettings"]["Ports"]["8888/tcp"]
+    assert bindings == [{"HostIp": "127.0.0.1", "HostPort": str(rocm_lab.port)}]
+    # The same port on another address of this host (the project network's gateway) is closed.
+    network = next(iter(container["NetworkSettings"]["Networks"].values()))
+    with pytest.raises(OSError):
+        socket.create_connection((network["Gateway"], rocm_lab.port), timeout=5).close()
+
+
+def test_lab_settings_are_in_effect(rocm_lab: Lab) -> None:
+    overrides = json.loads(LAB_OVERRIDES.read_text())
+    for plugin, settings in overrides.items():
+        status, body = rocm_lab.request("GET", f"/lab/api/settings/{plugin}")
+        assert status == 200, plugin
+        for key, value in settings.items():
+            assert body["schema"]["properties"][key]["default"] == value, (plugin, key)
+
+
+def test_course_notebook_opens_as_a_notebook(rocm_lab: Lab) -> None:
+    status, model = rocm_lab.request("GET",
+                                     f"/api/contents/{LESSON.name}?type=notebook&content=1")
+    assert status == 200
+    assert (model["type"], model["format"]) == ("notebook", "json")
+    expected = jupytext.read(rocm_lab.notebooks / LESSON.name)  # the lab's copy (edits included)
+    assert [c["source"] for c in model["content"]["cells"]] == [c.source for c in expected.cells]
+
+
+def test_edits_survive_down_and_up(rocm_lab: Lab) -> None:
+    marker = f"Kept over down and up ({secrets.token_hex(4)})"
+    created, _ = rocm_lab.request("PUT", "/api/contents/kept.txt",
+                                  {"type": "file", "format": "text", "content": marker})
+    assert created == 201
+    rocm_lab.compose("down")
+    rocm_lab.up()
+    status, model = rocm_lab.request("GET",
+                                     "/api/contents/kept.txt?type=file&format=text&content=1")
     assert status == 200 and model["content"] == marker
+
+
+# --- the ROCm variant's device files ------------------------------------------------------------
+
+DESCRIBE_DEVICE = "from amp_tutorial import describe_device; print(describe_device())"
+
+
+def rocm_variant_of(lab: Lab, override: Path | None = None) -> Lab:
+    """The ROCm variant of `lab`'s image (its build is cached) as another project on another
+    port, not started."""
+    port = free_port()
+    env = lab.env | {"AMP_TUTORIAL_VARIANT": "rocm", "AMP_TUTORIAL_PORT": str(port)}
+    return dataclasses.replace(lab, project=f"{lab.project}-rocm", env=env, port=port, token="",
+                               override=override)
+
+
+def test_rocm_variant_without_kfd_fails_with_the_message_the_readme_explains(
+        rocm_lab: Lab) -> None:
+    if Path("/dev/kfd").exists():
+        pytest.skip("this machine has /dev/kfd: the ROCm variant can start here")
+    variant = rocm_variant_of(rocm_lab)
+    try:
+        result = variant.compose("up", "--detach", check=False, timeout=600)
+    finally:
+        variant.compose("down", "--rmi", "all", check=False)
+    message = ('error gathering device information while adding custom device "/dev/kfd": '
+               'no such file or directory')
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+    assert message in (ROOT / "README.md").read_text()
+
+
+def test_rocm_variant_names_the_fix_when_device_files_are_closed(
+        rocm_lab: Lab, host_gpu_files: dict[str, Path], tmp_path: Path) -> None:
+    # The ROCm variant as compose runs it, with the stand-in device files in place of the host's.
+    devices = "\n".join(f"      - {host}:{inside}" for inside, host in host_gpu_files.items())
+    override = tmp_path / "stand-in-devices.yml"
+    override.write_text(f"services:\n  lab:\n    devices: !override\n{devices}\n")
+    variant = rocm_variant_of(rocm_lab, override)
+    fixed = dataclasses.replace(variant, env=variant.env | {"RENDER_GID": str(HOST_RENDER_GID)})
+    try:
+        # Compose's default, group_add `render`, names the image's render group: not the host's.
+        variant.up()
+        render = variant.exec("getent", "group", "render").stdout
+        assert render.split(":")[2] == str(IMAGE_RENDER_GID)
+        log = variant.compose("logs", "lab").stdout
+        line = variant.exec("python", "-c", DESCRIBE_DEVICE).stdout
+        for text in (log, line):
+            assert f"/dev/kfd (group {HOST_RENDER_GID})" in text, text
+            assert f"RENDER_GID={HOST_RENDER_GID} in the .env file" in text, text
+        assert "No GPU because" in line
+        # The fix the message names: the host's group number in group_add.
+        fixed.up()
+        log = fixed.compose("logs", "lab").stdout
+        line = fixed.exec("python", "-c", DESCRIBE_DEVICE).stdout
+        assert "RENDER_GID" not in log and "No GPU" not in line, log + line
+        fixed.exec("sh", "-c", "test -r /dev/kfd -a -w /dev/kfd -a -r /dev/dri/renderD128")
+    finally:
+        fixed.compose("down", "--rmi", "all", check=False)
+
+
+def setup_env_in(image: str, notebooks: Path, env_file: Path,
+                 devices: dict[str, Path] | None = None) -> str:
+    """docker/setup-env run in a container of `image`, on `notebooks` and `env_file`, with
+    `devices` passed in: as on a host with those device files."""
+    device_args = [arg for inside, host in (devices or {}).items()
+                   for arg in ("--device", f"{host}:{inside}")]
+    return run(["docker", "run", "--rm", *device_args,
+                "--volume", f"{ROOT / 'docker'}:/course/docker:ro",
+                "--volume", f"{notebooks}:/course/notebooks",
+                "--volume", f"{env_file.parent}:/course/out",
+                image, "sh", "/course/docker/setup-env", f"/course/out/{env_file.name}"]).stdout
+
+
+def test_setup_env_picks_cpu_without_a_gpu_and_keeps_other_settings(
+        base_image: str, tmp_path: Path) -> None:
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    if os.geteuid() == 0:
+        os.chown(notebooks, 1000, 1001)
+    env_file = tmp_path / "out" / ".env"
+    env_file.parent.mkdir()
+    env_file.write_text("JUPYTER_TOKEN=kept\nAMP_TUTORIAL_VARIANT=rocm\n")
+    output = setup_env_in(base_image, notebooks, env_file)
+    owner = notebooks.stat()
+    assert env_file.read_text().splitlines() == [
+        "JUPYTER_TOKEN=kept", "AMP_TUTORIAL_VARIANT=cpu",
+        f"NB_UID={owner.st_uid}", f"NB_GID={owner.st_gid}"], output
+
+
+def test_setup_env_picks_rocm_and_the_hosts_render_group(
+        base_image: str, host_gpu_files: dict[str, Path], tmp_path: Path) -> None:
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    os.chown(notebooks, 1000, 1000)
+    env_file = tmp_path / "out" / ".env"
+    env_file.parent.mkdir()
+    output = setup_env_in(base_image, notebooks, env_file, host_gpu_files)
+    assert env_file.read_text().splitlines() == [
+        "AMP_TUTORIAL_VARIANT=rocm", f"RENDER_GID={HOST_RENDER_GID}", "NB_UID=1000",
+        "NB_GID=1000"], output

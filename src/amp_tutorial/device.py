@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from amp_tutorial.gpu_access import gpu_access_problem
+
 DEVICE_ENV = "AMP_TUTORIAL_DEVICE"
 KNOWN_DEVICE_TYPES = ("cuda", "mps", "xpu", "cpu")
 
@@ -232,6 +234,8 @@ def describe_device(info: DeviceInfo | None = None) -> str:
     info = info or select_device()
     scaler = "GradScaler needed" if info.needs_grad_scaler() else "no GradScaler needed"
     line = f"Running on {info} -> default autocast dtype {dtype_name(info.amp_dtype)}, {scaler}"
+    if info.type == "cpu" and (problem := gpu_access_problem()):
+        line += f". No GPU because {problem}"  # a GPU is there, but closed to this user
     return "\n  ".join((line, *info.notes))
 
 
