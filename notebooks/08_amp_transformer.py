@@ -178,6 +178,9 @@ results.round(3)
 # sequences it never saw; guessing gives 1 / number of symbols), AMP keeps at most 0.6 of fp32's
 # saved-activation bytes, and its accuracy is within one point of fp32's. Time is reported, not
 # asserted: `smoke` is too small to be faster in bf16, and the benchmark is where speed is measured.
+# On a CPU, bf16 is fast only with native bf16 instructions (AVX512-BF16 or AMX): on an AVX2-only
+# CPU PyTorch emulates bf16 matmuls, and bf16 is much *slower* than fp32 (the next cell prints
+# which instruction set PyTorch uses here).
 
 # %%
 for name, r in runs.items():
@@ -189,6 +192,8 @@ for name, r in runs.items():
         if r["peak"] is not None:
             assert r["peak"] < base["peak"], f"{name}: allocator peak not below fp32"
 speedups = results["speedup (t_fp32 / t)"].drop(baseline)
+if info.type == "cpu":
+    print(f"CPU instruction set used by PyTorch: {torch.backends.cpu.get_cpu_capability()}")
 print(f"On {info.name}, preset {preset.name}: {speedups.idxmax()} ran at {speedups.max():.2f}x "
       f"the speed of {baseline} (t_fp32 / t_amp, medians), saved "
       f"{results.loc[speedups.idxmax(), 'activations vs fp32']:.2f} of its activation bytes.")
@@ -236,9 +241,10 @@ trace
 # - **Layer norm** therefore receives float32 here and runs in float32, on every device. *Why it
 #   runs in float32 differs by device.* On CUDA, `layer_norm` and `native_layer_norm` are on
 #   autocast's float32 list, as are `softmax`/`log_softmax` (float32 with the output dtype set) and
-#   `nll_loss`: autocast casts their inputs up, whatever they are. On CPU they are on no list
-#   (only `cross_entropy_loss`, `nll_loss` and other losses are on CPU's float32 list): a bf16
-#   input to layer norm or softmax runs in bf16. The probe after the trace shows both.
+#   `nll_loss`: autocast casts their inputs up, whatever they are. On CPU, layer norm and softmax
+#   are on no list (of this model's ops only the loss, `cross_entropy_loss` / `nll_loss`, is on
+#   CPU's float32 list): a bf16 input to layer norm or softmax runs in bf16. The probe after the
+#   trace shows both.
 # - **Cross-entropy** over the vocabulary runs in float32 on both: a log-sum-exp over many logits
 #   in float16 overflows (exp(12) > 65504) and a long sum loses the small terms in any 16-bit type.
 
@@ -294,8 +300,9 @@ for name, fn in {"softmax": lambda t: t.softmax(-1),
 # **Scores that overflow.** Attention scores are dot products of a query and a key: with head
 # dimension 64 and entries of 40 (large activations happen, e.g. without normalisation) one score
 # is 64 x 40 x 40 = 102400. Unscaled, float16 stores it as `inf`, and softmax of a row holding
-# `inf` is NaN. Scaling the query by 1/sqrt(d) *before* the product (what SDPA does) keeps it at
-# 12800; bfloat16 holds even the unscaled value.
+# `inf` is NaN. Scaling the query by 1/sqrt(d) *before* the product keeps it at 12800 (SDPA's
+# math backend multiplies q and k by the square root of the scale before its matmul, as the
+# trace in section 4 shows); bfloat16 holds even the unscaled value.
 
 # %%
 fp16_max = torch.finfo(torch.float16).max
@@ -359,7 +366,7 @@ assert torch.isfinite(torch.tensor(-1e9, dtype=torch.bfloat16))
 #
 # `F.scaled_dot_product_attention` chooses a backend at run time. The backends are the members of
 # `torch.nn.attention.SDPBackend` (math, flash attention, memory-efficient, cuDNN, and an
-# "overrideable" one for other devices). On **CPU** PyTorch tries a fused flash-attention kernel
+# "overrideable" one for extensions). On **CPU** PyTorch tries a fused flash-attention kernel
 # for float32, float64, bfloat16 and float16, then falls back to math
 # (`aten/src/ATen/native/transformers/sdp_utils_cpp.cpp`). On **NVIDIA GPUs** the flash kernel needs
 # float16 or bfloat16: in float32 SDPA falls back to the memory-efficient or math kernel.
@@ -427,15 +434,36 @@ cost = pd.DataFrame({f"{dtype_name(dt)} {name}": attention_cost(backend, dt)
 cost.round(3)
 
 # %%
-score_mb = sizes.batch * heads * sizes.seq_len**2 / 2**20  # one score matrix, per byte
+score_elements = sizes.batch * heads * sizes.seq_len**2  # one (seq x seq) matrix per head
 for dt in dtypes:
     d = dtype_name(dt)
     fused, math = cost.loc[f"{d} default"], cost.loc[f"{d} math"]
     saved_x = math["saved for backward (MB)"] / fused["saved for backward (MB)"]
     time_x = math["time fwd+bwd median (ms)"] / fused["time fwd+bwd median (ms)"]
-    print(f"{d}: math saves {saved_x:.1f}x the bytes of the default kernel and takes {time_x:.2f}x "
-          f"its time (score matrix: {score_mb:.1f} M elements)")
-    assert math["saved for backward (MB)"] - fused["saved for backward (MB)"] >= score_mb
+    print(f"{d}: math keeps {saved_x:.2f}x the bytes of the default kernel and takes {time_x:.2f}x "
+          f"its time")
+    element = torch.finfo(dt).bits // 8
+    assert math["saved for backward (MB)"] * 2**20 >= score_elements * element  # the matrix
+    if sizes.seq_len > 2 * head_dim:  # then the score matrix outweighs what the fused kernel keeps
+        assert saved_x > 1, f"{d}: math did not keep more than the fused kernel"
+
+# %% [markdown]
+# The score matrix grows with seq², what a fused kernel keeps (q, k, v, the output and one
+# log-sum-exp per row) grows with seq x head_dim, so the gap widens with longer sequences: at the
+# `smoke` size (sequence 16, head dimension 32) the fused kernel even keeps more.
+#
+# One more thing the trace shows on CPU: the math backend computes low-precision attention in
+# **float32**. It casts q, k and v up (`_to_copy` to fp32), runs the matmuls and the softmax in
+# float32 and casts the result back, so it loses AMP's speed *and* its memory saving.
+
+# %%
+q, k, v = (torch.randn(qkv_shape, device=info.device, dtype=amp_dtype) for _ in range(3))
+with sdpa_kernel(SDPBackend.MATH):
+    math_ops = trace_dtypes(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+print([f"{t.op}->{t.output}" for t in math_ops])
+if info.type == "cpu":
+    assert [t.output for t in math_ops if t.op == "bmm"] == ["fp32", "fp32"]
+    assert math_ops[-1].op == "_to_copy" and math_ops[-1].output == low
 
 # %% [markdown]
 # ## What to remember
@@ -446,7 +474,8 @@ for dt in dtypes:
 # - In float16: scale before the product, never build masks from constants float16 cannot hold,
 #   use `torch.finfo(dtype).min` where a row can be fully masked, or switch to bfloat16.
 # - Check which attention kernel runs (`sdpa_kernel` + the profiler): the math fallback stores the
-#   full score matrix and costs time; on NVIDIA, flash attention needs float16 or bfloat16.
+#   full score matrix and costs time (on CPU it even computes in float32); on NVIDIA, flash
+#   attention needs float16 or bfloat16.
 # - `pdm run bench --model transformer` measures this lesson's fp32-vs-AMP comparison with the
 #   same code.
 #
