@@ -58,3 +58,42 @@ def test_bad_input_exits_2_with_a_message(capsys, args, message):
         bench.main(args)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def transformer_report(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "transformer.json"
+    assert bench.main(["--preset", "smoke", "--device", "cpu", "--model", "transformer",
+                       "--no-progress", "--json", str(path)]) == 0
+    return json.loads(path.read_text())
+
+
+def test_transformer_flag_uses_the_same_report(transformer_report, smoke_report):
+    assert transformer_report["model"] == "transformer" and smoke_report["model"] == "conv"
+    assert transformer_report.keys() == smoke_report.keys()
+    fp32, bf16 = transformer_report["results"]
+    assert [fp32["mode"], bf16["mode"]] == ["fp32", "bf16"]
+    assert bf16["train_speedup"] == pytest.approx(fp32["train_median_s"] / bf16["train_median_s"])
+    assert bf16["activation_ratio"] <= 0.6
+    sizes = transformer_report["preset"]["transformer"]
+    for r in (fp32, bf16):  # both learned the task on held-out sequences
+        assert r["final_accuracy"] >= sizes["accuracy_target"]
+    assert smoke_report["results"][0]["final_accuracy"] is None  # conv has no accuracy
+
+
+def test_transformer_table_names_the_model_and_accuracy():
+    results = [bench.ModeResult("fp32", None, False, 0.2, 0.01, 0.1, 0.01, None, None, 100, 0.5,
+                                final_accuracy=0.97),
+               bench.ModeResult("bf16", "bf16", False, 0.1, 0.01, 0.05, 0.01, None, None, 50, 0.5,
+                                final_accuracy=0.96)]
+    bench.add_ratios(results)
+    info = bench.select_device("cpu")
+    table = bench.format_table(info, bench.get_preset("cpu"), results, model="transformer")
+    assert "model: transformer (4 layers, width 256" in table
+    assert "accuracy" in table and "0.960" in table and "2.00x" in table
+
+
+def test_unknown_model_exits_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--model", "resnet"])
+    assert exit_info.value.code == 2 and "invalid choice" in capsys.readouterr().err

@@ -18,6 +18,7 @@ from amp_tutorial.policy import (
     ops_by_rule,
     policy_table,
     registered_ops,
+    trace_dtypes,
     visible_promotions,
 )
 
@@ -134,3 +135,18 @@ def test_table_columns_name_the_dtype():
     relu = next(r for r in rows if r["op"] == "relu")
     assert relu["bf16 + fp32 in (off -> on)"] == ""  # unary op: no mixed-input case
     assert relu["autocast rule"] == NO_RULE
+
+
+def test_trace_dtypes_sees_the_casts_autocast_inserts():
+
+
+    layer = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        traced = trace_dtypes(lambda: torch.nn.functional.layer_norm(layer(x), (4,)))
+    ops = [(t.op, t.output) for t in traced]
+    assert ("_to_copy", "bf16") in ops  # the weight and the input cast down
+    assert ("addmm", "bf16") in ops  # the linear ran in bf16
+    assert ops[-1] == ("native_layer_norm", "bf16")  # on CPU layer_norm keeps its input dtype
+    plain = trace_dtypes(lambda: layer(x))  # no autocast: no casts, fp32 throughout
+    assert all(t.output == "fp32" for t in plain) and "_to_copy" not in [t.op for t in plain]

@@ -1,5 +1,9 @@
 """``pdm run bench``: the seed's fp32-vs-AMP comparison outside Jupyter, measured correctly.
 
+``--model conv`` (default) trains lesson 03's ConvModel on the seed problem; ``--model transformer``
+trains lesson 08's decoder-only transformer on the sequence-reversal task (and also reports the
+final answer accuracy on held-out sequences).
+
 For fp32 and every AMP dtype the device supports it reports training and inference time per step
 (median and interquartile range over the timed steps, after warm-up), peak allocator memory where
 the device has one, saved-activation bytes (every device), the final loss and ratios against fp32.
@@ -32,10 +36,20 @@ from amp_tutorial.measure import (
 )
 from amp_tutorial.models import ConvModel
 from amp_tutorial.presets import Preset, UnknownPresetError, get_preset
-from amp_tutorial.training import make_inference_step, make_train_step
+from amp_tutorial.tasks import ReversalTask, sequence_loss
+from amp_tutorial.training import (
+    make_inference_step,
+    make_sequence_train_step,
+    make_train_step,
+    sequence_accuracy,
+)
+from amp_tutorial.transformer import DecoderTransformer, TransformerConfig
 
 SEED = 0
 LEARNING_RATE = 1e-3
+TEST_SEED = 1  # held-out sequences of the transformer task (training batches use SEED)
+TEST_BATCHES = 4
+MODELS = ("conv", "transformer")
 
 
 @dataclass
@@ -58,6 +72,7 @@ class ModeResult:
     activation_ratio: float = 1.0  # bytes_mode / bytes_fp32
     train_peak_ratio: float | None = None
     infer_peak_ratio: float | None = None
+    final_accuracy: float | None = None  # transformer: answer accuracy on held-out sequences
 
 
 def run_mode(
@@ -110,6 +125,91 @@ def run_mode(
     )
 
 
+def make_transformer_problem(
+    preset: Preset, device: torch.device | str
+) -> tuple[TransformerConfig, list[tuple[torch.Tensor, torch.Tensor]],
+           list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Lesson 08's model config, training batches (one per step) and held-out test batches."""
+    sizes = preset.transformer
+    task = ReversalTask(sizes.n_symbols, sizes.seq_len)
+    config = TransformerConfig(task.vocab_size, sizes.seq_len, sizes.d_model, sizes.n_layers,
+                               sizes.n_heads)
+    train = task.batches(sizes.steps + sizes.warmup, sizes.batch, SEED, device)
+    test = task.batches(TEST_BATCHES, sizes.batch, TEST_SEED, device)
+    return config, train, test
+
+
+def run_transformer_mode(
+    info: DeviceInfo,
+    preset: Preset,
+    amp_dtype: torch.dtype | None,
+    config: TransformerConfig,
+    train: list[tuple[torch.Tensor, torch.Tensor]],
+    test: list[tuple[torch.Tensor, torch.Tensor]],
+    progress: bool = True,
+) -> tuple[ModeResult, list[float]]:
+    """Train a fresh, identically seeded transformer in one precision mode, then time inference.
+
+    Returns the result row and the per-step training losses (lesson 08 plots them).
+    """
+    sizes = preset.transformer
+    label = dtype_name(amp_dtype) if amp_dtype else fp32_baseline(info)
+    torch.manual_seed(SEED)
+    reset_peak_memory(info.device)
+    model = DecoderTransformer(config).to(info.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=sizes.lr)
+    use_scaler = amp_dtype is not None and info.needs_grad_scaler(amp_dtype)
+    scaler = torch.amp.GradScaler(info.type) if use_scaler else None
+    train_step = make_sequence_train_step(model, optimizer, train, amp_dtype, scaler)
+    train_timing, losses = time_steps(train_step, sizes.steps, info.device, sizes.warmup,
+                                      desc=f"train {label}", progress=progress)
+    train_peak = peak_memory_bytes(info.device)
+
+    def forward_and_loss() -> None:
+        with torch.autocast(info.type, dtype=amp_dtype or torch.float32,
+                            enabled=amp_dtype is not None):
+            sequence_loss(model(train[0][0]), train[0][1])
+
+    activation_bytes = saved_activation_bytes(forward_and_loss)
+    accuracy = sequence_accuracy(model, test, amp_dtype)
+
+    del optimizer, scaler, train_step
+    reset_peak_memory(info.device)
+    infer_step = make_inference_step(model, test[0][0], amp_dtype)
+    infer_timing, _ = time_steps(infer_step, max(2, sizes.steps // 4), info.device, sizes.warmup,
+                                 desc=f"infer {label}", progress=progress)
+    infer_peak = peak_memory_bytes(info.device)
+    result = ModeResult(
+        mode=label,
+        amp_dtype=dtype_name(amp_dtype) if amp_dtype else None,
+        grad_scaler=use_scaler,
+        train_median_s=train_timing.median,
+        train_iqr_s=train_timing.iqr,
+        infer_median_s=infer_timing.median,
+        infer_iqr_s=infer_timing.iqr,
+        train_peak_bytes=train_peak,
+        infer_peak_bytes=infer_peak,
+        saved_activation_bytes=activation_bytes,
+        final_loss=float(losses[-1]),
+        final_accuracy=accuracy,
+    )
+    return result, [float(loss) for loss in losses]
+
+
+def run_transformer_benchmark(info: DeviceInfo, preset: Preset, progress: bool = True
+                              ) -> tuple[list[ModeResult], dict[str, list[float]]]:
+    """fp32 first, then each AMP dtype the device supports; also returns each mode's losses."""
+    config, train, test = make_transformer_problem(preset, info.device)
+    results, losses = [], {}
+    for amp_dtype in tqdm([None, *info.amp_dtypes], desc="modes", disable=not progress):
+        result, history = run_transformer_mode(info, preset, amp_dtype, config, train, test,
+                                               progress)
+        results.append(result)
+        losses[result.mode] = history
+    add_ratios(results)
+    return results, losses
+
+
 def _memory_format(tensor: torch.Tensor) -> torch.memory_format:
     channels_last = tensor.is_contiguous(memory_format=torch.channels_last)
     return torch.channels_last if channels_last else torch.contiguous_format
@@ -160,19 +260,28 @@ def _table(cols: list[str], rows: list[list[str]]) -> str:
 
 
 def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
-                 memory_format: str = "channels_last") -> str:
+                 memory_format: str = "channels_last", model: str = "conv") -> str:
     """The human-readable report: a time table and a memory table, one row per mode."""
-    header = (f"device: {info}\npreset: {preset.name} (grid {preset.grid}, hidden {preset.hidden}, "
-              f"{preset.n_hidden_layers} hidden layers, {preset.steps} training steps, "
-              f"{preset.inference_steps} inference steps, {preset.warmup} warm-up); "
-              f"memory format: {memory_format}")
+    if model == "transformer":
+        t = preset.transformer
+        header = (f"device: {info}\npreset: {preset.name}; model: transformer ({t.n_layers} "
+                  f"layers, width {t.d_model}, {t.n_heads} heads, seq {t.seq_len}, batch "
+                  f"{t.batch}, {t.steps} training steps, {max(2, t.steps // 4)} inference steps, "
+                  f"{t.warmup} warm-up); task: reverse {t.seq_len // 2} of {t.n_symbols} symbols")
+    else:
+        header = (f"device: {info}\npreset: {preset.name} (grid {preset.grid}, hidden "
+                  f"{preset.hidden}, {preset.n_hidden_layers} hidden layers, {preset.steps} "
+                  f"training steps, {preset.inference_steps} inference steps, {preset.warmup} "
+                  f"warm-up); memory format: {memory_format}")
+    with_accuracy = any(r.final_accuracy is not None for r in results)
     time_table = _table(
         ["mode", "scaler", "train ms/step", "IQR", "speedup", "infer ms/step", "IQR", "speedup",
-         "final loss"],
+         "final loss", *(["accuracy"] if with_accuracy else [])],
         [[r.mode, "yes" if r.grad_scaler else "no",
           f"{r.train_median_s * 1e3:.2f}", f"{r.train_iqr_s * 1e3:.2f}", _x(r.train_speedup),
           f"{r.infer_median_s * 1e3:.2f}", f"{r.infer_iqr_s * 1e3:.2f}", _x(r.infer_speedup),
-          f"{r.final_loss:.4g}"] for r in results])
+          f"{r.final_loss:.4g}",
+          *([f"{r.final_accuracy:.3f}"] if with_accuracy else [])] for r in results])
     memory_table = _table(
         ["mode", "saved activations MB", "ratio", "train peak MB", "ratio", "infer peak MB",
          "ratio"],
@@ -180,7 +289,9 @@ def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
           _mb(r.train_peak_bytes), _ratio_text(r.train_peak_ratio),
           _mb(r.infer_peak_bytes), _ratio_text(r.infer_peak_ratio)] for r in results])
     notes = ("speedup = t_fp32 / t_mode (median per step, after warm-up); IQR = interquartile "
-             "range;\nratio = mode / fp32; peak MB is the caching allocator's peak (n/a on CPU and "
+             "range;\n"
+             + ("accuracy = answer tokens right on held-out sequences;\n" if with_accuracy else "")
+             + "ratio = mode / fp32; peak MB is the caching allocator's peak (n/a on CPU and "
              "MPS);\nsaved activations = bytes autograd keeps for backward in one forward + loss.")
     return f"{header}\n\nTime\n{time_table}\n\nMemory\n{memory_table}\n\n{notes}"
 
@@ -197,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
                         "$AMP_TUTORIAL_DEVICE or the best available)")
     parser.add_argument("--strict-fp32", action="store_true",
                         help="switch TF32 off so the fp32 baseline is true fp32 on Ampere+ GPUs")
+    parser.add_argument("--model", choices=MODELS, default="conv",
+                        help="conv: lesson 03's ConvModel (default); transformer: lesson 08's "
+                        "decoder-only transformer on the sequence-reversal task")
     parser.add_argument("--memory-format", choices=list(MEMORY_FORMATS), default="channels_last",
                         help="tensor layout for both fp32 and AMP (default: channels_last, the "
                         "layout fast convolution kernels use; contiguous = NCHW as in the seed)")
@@ -211,19 +325,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"error: {err}\n")
     if args.strict_fp32:
         set_strict_fp32(True)
-    results = run_benchmark(info, preset, progress=not args.no_progress,
-                            memory_format=args.memory_format)
+    if args.model == "transformer":
+        results, _ = run_transformer_benchmark(info, preset, progress=not args.no_progress)
+    else:
+        results = run_benchmark(info, preset, progress=not args.no_progress,
+                                memory_format=args.memory_format)
     report = {
         "device": str(info.device), "backend": info.backend, "device_name": info.name,
         "torch": torch.__version__, "preset": asdict(preset), "baseline": results[0].mode,
-        "memory_format": args.memory_format,
+        "model": args.model, "memory_format": args.memory_format,
         "results": [asdict(r) for r in results],
     }
     if args.json == "-":
         json.dump(report, sys.stdout, indent=2)
         print()
     else:
-        print(format_table(info, preset, results, args.memory_format))
+        print(format_table(info, preset, results, args.memory_format, args.model))
         if args.json:
             with open(args.json, "w", encoding="utf-8") as fh:
                 json.dump(report, fh, indent=2)

@@ -59,12 +59,13 @@ def plot_outputs(images: Mapping[str, torch.Tensor | np.ndarray], title: str) ->
 
 
 def plot_losses(histories: Mapping[str, Sequence[float]], title: str = "Training loss",
-                xlabel: str = "step") -> Figure:
-    """Loss per step (or per ``xlabel``, e.g. epoch) for each run, log scale."""
+                xlabel: str = "step", ylabel: str = "MSE loss (log scale)") -> Figure:
+    """Loss per step (or per ``xlabel``, e.g. epoch) for each run, log scale; lesson 08 passes
+    ``ylabel`` for its cross-entropy."""
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for name, losses in histories.items():
         ax.plot(range(1, len(losses) + 1), losses, label=name)
-    ax.set(title=title, xlabel=xlabel, ylabel="MSE loss (log scale)", yscale="log")
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel, yscale="log")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()

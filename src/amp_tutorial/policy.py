@@ -21,6 +21,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from amp_tutorial.device import dtype_name
 
@@ -276,3 +277,45 @@ def visible_promotions(rows: list[OpPolicy]) -> list[str]:
     """Promote-list ops whose mixed-dtype call raises with autocast off and works with it on."""
     return [r.op for r in rows if r.verdict == PROMOTE and r.cases["mixed"].off.error
             and not r.cases["mixed"].on.error]
+
+
+@dataclass(frozen=True)
+class OpTrace:
+    """One aten op as it actually ran: its name, the float dtypes it got and the dtype it gave."""
+
+    op: str
+    inputs: tuple[str, ...]
+    output: str
+
+
+class _DtypeRecorder(TorchDispatchMode):
+    """Records every aten op below autocast, so the casts autocast inserts show up as ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[OpTrace] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        flat_in = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        name = func.overloadpacket.__name__
+        ins = tuple(dtype_name(t.dtype) for t in flat_in if t.is_floating_point())
+        outs = [dtype_name(t.dtype) for t in flat_out if t.is_floating_point()]
+        if outs and name not in ("detach", "view", "t", "transpose", "split", "unsafe_view",
+                                 "_unsafe_view", "expand", "reshape", "clone", "alias"):
+            self.ops.append(OpTrace(name, ins, outs[0]))
+        return out
+
+
+def trace_dtypes(fn: Callable[[], object]) -> list[OpTrace]:
+    """Run ``fn()`` and return the floating-point aten ops it executed, in order, with dtypes.
+
+    A ``TorchDispatchMode`` sits below autocast, so it sees what autocast decided: the
+    ``_to_copy`` casts it inserts and the dtype each kernel ran in (lesson 08). Pure view ops
+    (transpose, split, ...) are left out.
+    """
+    recorder = _DtypeRecorder()
+    with recorder:
+        fn()
+    return recorder.ops

@@ -1,7 +1,8 @@
 """Problem-size presets, so every lesson runs in sensible time on a GPU, a laptop CPU and in CI.
 
 ``paper`` reproduces the sizes of the original ROCm blog; ``cpu`` is the laptop size; ``smoke`` is
-the tiny size the test suite uses. ``auto`` picks ``paper`` on a GPU and ``cpu`` elsewhere.
+the tiny size the test suite uses. Each preset also sizes the transformer of lesson 08
+(:class:`TransformerSizes`). ``auto`` picks ``paper`` on a GPU and ``cpu`` elsewhere.
 Set ``AMP_TUTORIAL_PRESET`` to override.
 """
 
@@ -18,6 +19,22 @@ class UnknownPresetError(ValueError):
 
 
 @dataclass(frozen=True)
+class TransformerSizes:
+    """Sizes of lesson 08's decoder-only transformer and its sequence-reversal task."""
+
+    d_model: int  # width of every token's vector
+    n_layers: int
+    n_heads: int
+    seq_len: int  # tokens per input; the model reverses seq_len // 2 symbols
+    batch: int  # sequences per training step
+    n_symbols: int  # alphabet of the task (the vocabulary is one larger: + separator)
+    steps: int  # training steps (each step sees a fresh batch)
+    warmup: int  # untimed steps before timing starts
+    lr: float  # AdamW learning rate
+    accuracy_target: float  # answer-token accuracy every run must reach on held-out sequences
+
+
+@dataclass(frozen=True)
 class Preset:
     """Sizes for the quantized-sinusoid problem and how long to train and time it."""
 
@@ -29,19 +46,29 @@ class Preset:
     warmup: int  # untimed steps before timing starts (kernel selection, allocator growth)
     inference_steps: int  # timed forward passes for the inference comparison
     description: str
+    transformer: TransformerSizes  # lesson 08 and ``bench --model transformer``
 
 
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
         Preset("paper", grid=512, hidden=256, n_hidden_layers=2, steps=512, warmup=10,
-               inference_steps=512, description="the seed blog's sizes; for a GPU"),
+               inference_steps=512, description="the seed blog's sizes; for a GPU",
+               transformer=TransformerSizes(d_model=512, n_layers=6, n_heads=8, seq_len=512,
+                                            batch=32, n_symbols=32, steps=600, warmup=10,
+                                            lr=1e-3, accuracy_target=0.95)),
         Preset("cpu", grid=256, hidden=128, n_hidden_layers=2, steps=64, warmup=3,
                inference_steps=32,
                description="a laptop CPU: 20-30 s per fp32 training run on 2 cores; bf16 several "
-                           "times longer on a CPU without native bf16"),
+                           "times longer on a CPU without native bf16",
+               transformer=TransformerSizes(d_model=256, n_layers=4, n_heads=4, seq_len=256,
+                                            batch=16, n_symbols=16, steps=200, warmup=3,
+                                            lr=1e-3, accuracy_target=0.9)),
         Preset("smoke", grid=32, hidden=16, n_hidden_layers=1, steps=12, warmup=2,
-               inference_steps=6, description="tiny, for the test suite: checks code, not speed"),
+               inference_steps=6, description="tiny, for the test suite: checks code, not speed",
+               transformer=TransformerSizes(d_model=64, n_layers=2, n_heads=2, seq_len=16,
+                                            batch=32, n_symbols=10, steps=40, warmup=2,
+                                            lr=3e-3, accuracy_target=0.8)),
     )
 }
 VALID_NAMES = ("auto", *PRESETS)

@@ -1,14 +1,17 @@
-"""One optimisation step of the seed problem, fp32 or AMP, as used by the benchmark and the tests.
+"""One optimisation step, fp32 or AMP, as used by the benchmark and the tests: the seed problem
+(lesson 03) and lesson 08's transformer task.
 
 The notebooks write the same loop out in their cells, because there it is the lesson.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
+
+from amp_tutorial.tasks import IGNORE_INDEX, sequence_loss
 
 
 def make_train_step(
@@ -59,3 +62,55 @@ def make_inference_step(
             return model(inputs)
 
     return step
+
+
+def make_sequence_train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    amp_dtype: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+) -> Callable[[int], float]:
+    """Like :func:`make_train_step` for lesson 08's transformer: cross-entropy on token batches.
+
+    ``step(i)`` trains on ``batches[i % len(batches)]`` (warm-up steps pass negative ``i``), so
+    every precision mode sees the same data in the same order.
+    """
+    device_type = batches[0][0].device.type
+
+    def step(i: int) -> float:
+        inputs, targets = batches[i % len(batches)]
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type, dtype=amp_dtype or torch.float32,
+                            enabled=amp_dtype is not None):
+            loss = sequence_loss(model(inputs), targets)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        return loss.item()
+
+    return step
+
+
+def sequence_accuracy(
+    model: nn.Module,
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    amp_dtype: torch.dtype | None = None,
+) -> float:
+    """Answer-token accuracy of ``model`` over ``batches`` (eval mode, no autograd, same autocast
+    as training); ``model`` is put back in train mode afterwards."""
+    model.eval()
+    correct = total = 0
+    with torch.inference_mode(), torch.autocast(batches[0][0].device.type,
+                                                dtype=amp_dtype or torch.float32,
+                                                enabled=amp_dtype is not None):
+        for inputs, targets in batches:
+            answer = targets != IGNORE_INDEX
+            correct += int((model(inputs).argmax(-1)[answer] == targets[answer]).sum())
+            total += int(answer.sum())
+    model.train()
+    return correct / total

@@ -1,0 +1,485 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 08 · AMP on a transformer: the float32 list, attention masks and the attention kernels
+#
+# Lessons 03 and 04 trained a per-pixel MLP. The models people train today are transformers, and
+# that is where AMP both pays off most and goes wrong most often: attention scores that overflow
+# float16, masks that turn into NaN, layer norm and softmax, a cross-entropy over a vocabulary,
+# and an attention kernel that is only fast in some dtypes.
+#
+# We train a small decoder-only transformer (`amp_tutorial.transformer`: token and position
+# embeddings, causal self-attention through `F.scaled_dot_product_attention`, LayerNorm, a GELU
+# MLP, a vocabulary head) on a task generated in code: **reverse a random string of symbols**.
+# Every statement below is measured on the device this notebook runs on, and asserted.
+#
+# Sizes come from the preset (`paper` on a GPU, `cpu`, `smoke` in the test suite); seeds are fixed,
+# so every run starts from the same weights and sees the same batches.
+
+# %%
+import contextlib
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from amp_tutorial import (
+    describe_device,
+    get_preset,
+    peak_memory_bytes,
+    reset_peak_memory,
+    saved_activation_bytes,
+    select_device,
+    time_steps,
+)
+from amp_tutorial.attention import attention_ops, backend_runs
+from amp_tutorial.bench import make_transformer_problem
+from amp_tutorial.device import dtype_name, fp32_baseline
+from amp_tutorial.plots import plot_bars, plot_losses
+from amp_tutorial.policy import RAISED, UNCHANGED, autocast_policy, trace_dtypes
+from amp_tutorial.tasks import IGNORE_INDEX, sequence_loss
+from amp_tutorial.training import make_sequence_train_step, sequence_accuracy
+from amp_tutorial.transformer import DecoderTransformer
+
+info = select_device()
+preset = get_preset(device_type=info.type)
+sizes = preset.transformer
+print(describe_device(info))
+print(f"preset {preset.name!r}: {sizes}")
+
+# %% [markdown]
+# ## The task and the model
+#
+# One example is a prompt of `seq_len / 2` random symbols, a separator, and the prompt reversed.
+# The model reads it left to right and must predict every next token; only the answer tokens (after
+# the separator) carry a loss, the prompt positions are marked `IGNORE_INDEX`. The answer token
+# at step *i* is the prompt token at position *L-1-i*, so nothing but attention can solve it.
+# `make_transformer_problem` is the function the benchmark uses too: one training batch per step,
+# and four held-out batches (another seed) to measure accuracy.
+
+# %%
+config, train_batches, test_batches = make_transformer_problem(preset, info.device)
+inputs, targets = train_batches[0]
+half = sizes.seq_len // 2
+print(f"inputs {tuple(inputs.shape)} (batch, seq); vocabulary {config.vocab_size} "
+      f"({sizes.n_symbols} symbols + separator)")
+print("first example, first 12 prompt tokens:", inputs[0, :12].tolist())
+print("its answer, last 12 tokens:           ", targets[0, -12:].tolist())
+assert (targets[:, :half] == IGNORE_INDEX).all()  # no loss on the prompt
+assert torch.equal(targets[:, half:], inputs[:, :half].flip(1))  # the answer is the reversed prompt
+
+model = DecoderTransformer(config).to(info.device)
+logits = model(inputs)
+assert logits.shape == (*inputs.shape, config.vocab_size)
+n_params = sum(p.numel() for p in model.parameters())
+print(model.blocks[0])
+print(f"{n_params / 1e6:.2f} M parameters; untrained loss {sequence_loss(logits, targets):.3f} "
+      f"(ln {config.vocab_size} = {torch.log(torch.tensor(config.vocab_size)):.3f} for a guess)")
+del model, logits
+
+# %% [markdown]
+# ## 1. fp32 against AMP, measured
+#
+# The same loop as lesson 03, with cross-entropy instead of MSE and AdamW. Only the forward pass
+# and the loss run under `torch.autocast`; float16 needs the GradScaler, bfloat16 does not
+# (`enabled=False` makes every scaler call a pass-through). Measured per run: time per step
+# (median and interquartile range after warm-up, device synchronised), the bytes autograd saves
+# for backward (every device), the allocator peak (GPUs), the loss of every step and the accuracy
+# on the held-out sequences.
+
+# %%
+def train(amp_dtype):
+    """Train a fresh, identically seeded model; amp_dtype=None is the fp32 baseline."""
+    use_amp = amp_dtype is not None
+    torch.manual_seed(0)
+    reset_peak_memory(info.device)
+    model = DecoderTransformer(config).to(info.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=sizes.lr)
+    scaler = torch.amp.GradScaler(info.type, enabled=use_amp and info.needs_grad_scaler(amp_dtype))
+
+    def step(i):
+        inputs, targets = train_batches[i % len(train_batches)]
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=info.type, dtype=amp_dtype or torch.float32,
+                            enabled=use_amp):  # forward + loss only
+            loss = sequence_loss(model(inputs), targets)
+        scaler.scale(loss).backward()  # a pass-through unless the scaler is enabled (fp16)
+        scaler.step(optimizer)
+        scaler.update()
+        return loss.item()
+
+    label = dtype_name(amp_dtype) if use_amp else fp32_baseline(info)
+    timing, losses = time_steps(step, sizes.steps, info.device, sizes.warmup, desc=label)
+    peak = peak_memory_bytes(info.device)
+
+    def forward_and_loss():
+        with torch.autocast(device_type=info.type, dtype=amp_dtype or torch.float32,
+                            enabled=use_amp):
+            sequence_loss(model(inputs), targets)
+
+    return {"timing": timing, "losses": losses, "peak": peak,
+            "saved": saved_activation_bytes(forward_and_loss), "scaler": scaler.is_enabled(),
+            "accuracy": sequence_accuracy(model, test_batches, amp_dtype)}
+
+
+baseline = fp32_baseline(info)
+runs = {baseline: train(None)}
+for amp_dtype in info.amp_dtypes:
+    runs[f"AMP {dtype_name(amp_dtype)}"] = train(amp_dtype)
+for name, r in runs.items():
+    print(f"{name:9s} {r['timing']}; held-out accuracy {r['accuracy']:.3f}")
+
+# %% [markdown]
+# The benchmark (`pdm run bench --model transformer`) runs `make_sequence_train_step` from the
+# package. It is this loop: started from the same seed on the same batches, its first steps give
+# the same losses as the fp32 run above.
+
+# %%
+torch.manual_seed(0)
+check_model = DecoderTransformer(config).to(info.device)
+check_step = make_sequence_train_step(
+    check_model, torch.optim.AdamW(check_model.parameters(), lr=sizes.lr), train_batches)
+_, check_losses = time_steps(check_step, 2, info.device, sizes.warmup, progress=False)
+assert check_losses == runs[baseline]["losses"][:2], (check_losses, runs[baseline]["losses"][:2])
+del check_model, check_step
+
+# %%
+base = runs[baseline]
+results = pd.DataFrame({
+    name: {
+        "time/step median (ms)": r["timing"].median * 1e3,
+        "time/step IQR (ms)": r["timing"].iqr * 1e3,
+        "speedup (t_fp32 / t)": base["timing"].median / r["timing"].median,
+        "saved activations (MB)": r["saved"] / 2**20,
+        "activations vs fp32": r["saved"] / base["saved"],
+        "peak memory (MB)": r["peak"] / 2**20 if r["peak"] is not None else float("nan"),
+        "final loss": r["losses"][-1],
+        "held-out accuracy": r["accuracy"],
+    }
+    for name, r in runs.items()
+}).T
+results.round(3)
+
+# %% [markdown]
+# Checked on every device: each run learns the task (accuracy at least the preset's target on
+# sequences it never saw; guessing gives 1 / number of symbols), AMP keeps at most 0.6 of fp32's
+# saved-activation bytes, and its accuracy is within one point of fp32's. Time is reported, not
+# asserted: `smoke` is too small to be faster in bf16, and the benchmark is where speed is measured.
+# On a CPU, bf16 is fast only with native bf16 instructions (AVX512-BF16 or AMX): on an AVX2-only
+# CPU PyTorch emulates bf16 matmuls, and bf16 is much *slower* than fp32 (the next cell prints
+# which instruction set PyTorch uses here).
+
+# %%
+for name, r in runs.items():
+    assert r["accuracy"] >= sizes.accuracy_target, f"{name}: accuracy {r['accuracy']:.3f}"
+    assert all(torch.isfinite(torch.tensor(r["losses"]))), f"{name}: non-finite loss"
+    if name != baseline:
+        assert r["saved"] / base["saved"] <= 0.6, f"{name}: {r['saved'] / base['saved']:.2f}"
+        assert abs(r["accuracy"] - base["accuracy"]) <= 0.01, f"{name} vs {baseline} accuracy"
+        if r["peak"] is not None:
+            assert r["peak"] < base["peak"], f"{name}: allocator peak not below fp32"
+speedups = results["speedup (t_fp32 / t)"].drop(baseline)
+if info.type == "cpu":
+    print(f"CPU instruction set used by PyTorch: {torch.backends.cpu.get_cpu_capability()}")
+print(f"On {info.name}, preset {preset.name}: {speedups.idxmax()} ran at {speedups.max():.2f}x "
+      f"the speed of {baseline} (t_fp32 / t_amp, medians), saved "
+      f"{results.loc[speedups.idxmax(), 'activations vs fp32']:.2f} of its activation bytes.")
+
+# %%
+fig = plot_losses({n: r["losses"] for n, r in runs.items()},
+                  f"Training loss, fp32 vs AMP ({preset.name} preset)",
+                  ylabel="cross-entropy (log scale)")
+
+# %%
+bars = {"time per step (ms)": results["time/step median (ms)"].to_dict(),
+        "saved activations (MB)": results["saved activations (MB)"].to_dict()}
+if info.has_allocator_stats:
+    bars["peak memory (MB)"] = results["peak memory (MB)"].to_dict()
+fig = plot_bars(bars, f"Transformer training on {info.type}: fp32 vs AMP")
+
+# %% [markdown]
+# ## 2. Inside one block: which op ran in which dtype
+#
+# `trace_dtypes` runs a function under a `TorchDispatchMode`, which sits *below* autocast: it sees
+# every aten op that actually ran, with the dtypes it received and produced, including the
+# `_to_copy` casts autocast inserts. Here: one block, then the head and the loss, under autocast.
+
+# %%
+amp_dtype = info.amp_dtype
+low = dtype_name(amp_dtype)
+probe = DecoderTransformer(config).to(info.device)
+x = probe.tok_emb(inputs) + probe.pos_emb(torch.arange(inputs.shape[1], device=info.device))
+with torch.autocast(device_type=info.type, dtype=amp_dtype):
+    block_ops = trace_dtypes(lambda: probe.blocks[0](x))
+    loss_ops = trace_dtypes(lambda: sequence_loss(probe.head(probe.ln_f(x)), targets))
+trace = pd.DataFrame([{"op": t.op, "inputs": ", ".join(t.inputs), "output": t.output}
+                      for t in block_ops + loss_ops])
+trace
+
+# %% [markdown]
+# How to read it (asserted below for this device):
+#
+# - The **linear layers** (`addmm`) and **attention** run in the low dtype: the weights are cast on
+#   the way in (`_to_copy` ops), the outputs are low precision. Linear, matmul and
+#   `scaled_dot_product_attention` are on autocast's lower-precision list on CPU and CUDA
+#   (`aten/src/ATen/autocast_mode.cpp`, `autocast_mode.h`).
+# - The **residual stream stays float32**: `x + attn(...)` adds a float32 tensor and a
+#   low-precision one, and ordinary type promotion gives float32, autocast or not.
+# - **Layer norm** therefore receives float32 here and runs in float32, on every device. *Why it
+#   runs in float32 differs by device.* On CUDA, `layer_norm` and `native_layer_norm` are on
+#   autocast's float32 list, as are `softmax`/`log_softmax` (float32 with the output dtype set) and
+#   `nll_loss`: autocast casts their inputs up, whatever they are. On CPU, layer norm and softmax
+#   are on no list (of this model's ops only the loss, `cross_entropy_loss` / `nll_loss`, is on
+#   CPU's float32 list): a bf16 input to layer norm or softmax runs in bf16. The probe after the
+#   trace shows both.
+# - **Cross-entropy** over the vocabulary runs in float32 on both: a log-sum-exp over many logits
+#   in float16 overflows (exp(12) > 65504) and a long sum loses the small terms in any 16-bit type.
+
+# %%
+assert any(t.op == "addmm" and t.output == low for t in block_ops), "linear not lowered"
+sdpa = [t for t in block_ops if "scaled_dot_product" in t.op]
+assert sdpa and all(t.output == low for t in sdpa), sdpa
+assert any(t.op == "_to_copy" and t.inputs == ("fp32",) and t.output == low
+           for t in block_ops), "no cast of the weights to the low dtype"
+norms = [t for t in block_ops if "layer_norm" in t.op]
+assert norms and all(t.output == "fp32" for t in norms), norms
+logs = [t for t in loss_ops if "log_softmax" in t.op]
+assert logs and all(t.output == "fp32" for t in logs), "cross-entropy did not run in float32"
+
+# %% [markdown]
+# Now separate what autocast decides from what the op does anyway: feed each op a
+# **low-precision** input under autocast. An op autocast raises to float32 returns float32; an op
+# on no list returns the dtype it was given.
+
+# %%
+policy = {p.op: p for p in autocast_policy(info.type, amp_dtype)}
+for op in ("layer_norm", "softmax", "cross_entropy"):
+    print(f"{info.type}, {low} input under autocast: {op:13s} -> {dtype_name(policy[op].from_low)}"
+          f"  ({policy[op].verdict})")
+assert policy["cross_entropy"].verdict == RAISED
+if info.type == "cpu":  # CPU's list: cross_entropy_loss yes; layer_norm and softmax no
+    assert policy["layer_norm"].verdict == policy["softmax"].verdict == UNCHANGED
+elif info.type == "cuda":  # CUDA's list: layer_norm, softmax and nll_loss are float32 ops
+    assert policy["layer_norm"].verdict == policy["softmax"].verdict == RAISED
+
+# %% [markdown]
+# On CPU a bf16 layer norm or softmax is not a float16 accident waiting to happen: bf16 has
+# float32's range, so nothing overflows. Measured here with large inputs: the bf16 kernels give
+# the float32 result (computed from the same bf16-rounded input) to within about one bf16 rounding
+# of the output (bf16's unit roundoff is 2^-8): they accumulate in float32 internally.
+
+# %%
+wide = (torch.randn(64, 256, device=info.device) * 30).bfloat16()
+for name, fn in {"softmax": lambda t: t.softmax(-1),
+                 "layer_norm": lambda t: F.layer_norm(t, (256,))}.items():
+    exact = fn(wide.float())
+    err = ((fn(wide).float() - exact).abs() / exact.abs().clamp_min(1e-6)).max().item()
+    print(f"bf16 {name}: largest relative error {err:.2e} against float32 (bf16 unit roundoff "
+          f"{2**-8:.2e})")
+    assert err <= 2 * 2**-8, f"bf16 {name} is worse than bf16 rounding"
+
+# %% [markdown]
+# ## 3. Attention in float16: the two classic failures and their fixes
+#
+# These run on any device with explicit float16 tensors (CPU kernels included), so you can see
+# them without a GPU. float16's largest finite value is 65504.
+#
+# **Scores that overflow.** Attention scores are dot products of a query and a key: with head
+# dimension 64 and entries of 40 (large activations happen, e.g. without normalisation) one score
+# is 64 x 40 x 40 = 102400. Unscaled, float16 stores it as `inf`, and softmax of a row holding
+# `inf` is NaN. Scaling the query by 1/sqrt(d) *before* the product keeps it at 12800 (SDPA's
+# math backend multiplies q and k by the square root of the scale before its matmul, as the
+# trace in section 4 shows); bfloat16 holds even the unscaled value.
+
+# %%
+fp16_max = torch.finfo(torch.float16).max
+q = torch.full((4, 64), 40.0)
+scores_fp16 = q.half() @ q.half().T
+print(f"unscaled fp16 score: {scores_fp16[0, 0].item()}  (float32: {(q @ q.T)[0, 0].item():.0f})")
+assert torch.isinf(scores_fp16).all() and torch.isnan(scores_fp16.softmax(-1)).all()
+scaled = (q.half() / 64**0.5) @ q.half().T
+print(f"scaled by 1/sqrt(64) first: {scaled[0, 0].item()}, softmax finite: "
+      f"{torch.isfinite(scaled.softmax(-1)).all().item()}")
+assert scaled.abs().max() < fp16_max and torch.isfinite(scaled.softmax(-1)).all()
+bf16_scores = q.bfloat16() @ q.bfloat16().T
+assert torch.isfinite(bf16_scores).all()  # bf16 reaches ~3.4e38
+print(f"unscaled bf16 score: {bf16_scores[0, 0].item():.0f}")
+
+# %% [markdown]
+# **A mask made of a large negative constant.** Many codebases hide padding or future tokens by
+# adding -1e9 (or -1e4, -1e5...) to the scores. In float16, -1e9 does not exist:
+#
+# - `masked_fill(mask, -1e9)` on a float16 tensor refuses to run (a RuntimeError);
+# - an additive mask built in float32 and cast to float16 becomes `-inf`, and a row where every
+#   position is masked (a fully padded sequence) is then all `-inf`: softmax gives 0/0 = NaN, and
+#   the NaN spreads through the next matmul into the loss.
+#
+# The fix is to use the limits of the dtype you compute in: `torch.finfo(scores.dtype).min` (a
+# fully masked row then becomes a harmless uniform row), or a boolean mask passed to
+# `F.scaled_dot_product_attention`, which handles masking itself.
+
+# %%
+scores = torch.tensor([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]], dtype=torch.float16)
+mask = torch.tensor([[False, True, True], [True, True, True]])  # row 2: everything masked
+try:
+    scores.masked_fill(mask, -1e9)
+    raise AssertionError("masked_fill(-1e9) on float16 did not raise")
+except RuntimeError as err:
+    print("masked_fill(mask, -1e9) on float16:", err)
+additive = torch.zeros(2, 3).masked_fill(mask, -1e9).half()  # built in fp32, cast to fp16
+print("the -1e9 mask in float16:", additive.tolist())
+broken = (scores + additive).softmax(-1)
+print("softmax with it:", broken.tolist())
+assert torch.isinf(additive[mask]).all() and torch.isnan(broken[1]).all()
+
+fixed = scores.masked_fill(mask, torch.finfo(scores.dtype).min).softmax(-1)
+print("with finfo(float16).min:", fixed.tolist())
+assert torch.isfinite(fixed).all() and fixed[0, 0] == 1  # row 1: only the open position counts
+
+# %% [markdown]
+# Note what `-inf` itself does: it is the right value for a *partly* masked row (exp(-inf) = 0,
+# exactly) but gives NaN for a *fully* masked row, in every dtype. Models that can see a fully
+# masked row (padding in a batch) use `finfo(dtype).min`, or drop those rows. In bfloat16 the
+# constant -1e9 fits (the range is float32's), which is one reason bf16 needs neither a scaler nor
+# mask surgery.
+
+# %%
+inf_row = scores.float().masked_fill(mask, float("-inf")).softmax(-1)
+assert inf_row[0, 0] == 1 and torch.isnan(inf_row[1]).all()  # -inf: fine partly, NaN fully
+assert torch.isfinite(torch.tensor(-1e9, dtype=torch.bfloat16))
+
+# %% [markdown]
+# ## 4. Which attention kernel runs, and what the slow one costs
+#
+# `F.scaled_dot_product_attention` chooses a backend at run time. The backends are the members of
+# `torch.nn.attention.SDPBackend` (math, flash attention, memory-efficient, cuDNN, and an
+# "overrideable" one for extensions). On **CPU** PyTorch tries a fused flash-attention kernel
+# for float32, float64, bfloat16 and float16, then falls back to math
+# (`aten/src/ATen/native/transformers/sdp_utils_cpp.cpp`). On **NVIDIA GPUs** the flash kernel needs
+# float16 or bfloat16: in float32 SDPA falls back to the memory-efficient or math kernel.
+#
+# Two ways to check, both used here: allow only one backend with `sdpa_kernel(...)` and see it run
+# or raise ("No viable backend"), and read the kernel's op name in the profiler.
+
+# %%
+heads, head_dim = config.n_heads, config.d_model // config.n_heads
+qkv_shape = (sizes.batch, heads, sizes.seq_len, head_dim)
+dtypes = [torch.float32, *info.amp_dtypes]
+backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+            SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
+kernels = {}
+for dt in dtypes:
+    q, k, v = (torch.randn(qkv_shape, device=info.device, dtype=dt) for _ in range(3))
+    row = {b.name: backend_runs(b, q, k, v) for b in backends}
+    row["default kernel (profiler)"] = ", ".join(
+        op for op in attention_ops(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
+            q, k, v, is_causal=True)) if op != "aten::scaled_dot_product_attention")
+    kernels[dtype_name(dt)] = row
+kernels = pd.DataFrame(kernels).T
+kernels
+
+# %%
+assert kernels["MATH"].all()  # the fallback runs everywhere
+if info.type == "cpu":
+    assert kernels["FLASH_ATTENTION"].all() and not kernels["EFFICIENT_ATTENTION"].any()
+    assert kernels["default kernel (profiler)"].str.contains("flash_attention_for_cpu").all()
+elif info.type == "cuda" and torch.version.hip is None:
+    assert not kernels.loc["fp32", "FLASH_ATTENTION"]  # flash needs fp16/bf16 on NVIDIA
+    assert kernels.loc[dtype_name(info.amp_dtypes[0]), "FLASH_ATTENTION"]
+
+# %% [markdown]
+# **The cost of the fallback.** The math backend is attention written out: `q @ k.T`, scale,
+# mask, softmax, `@ v`. It materialises the (seq x seq) score matrix per head and saves it for
+# backward; the fused kernels do not. Measured at this preset's attention size, forward and
+# backward, the default kernel against math forced with `sdpa_kernel(SDPBackend.MATH)`:
+
+# %%
+def attention_cost(backend, dt):
+    """Time and saved bytes of one causal attention, forward + backward; backend None = default."""
+    q, k, v = (torch.randn(qkv_shape, device=info.device, dtype=dt, requires_grad=True)
+               for _ in range(3))
+
+    def attend():
+        with sdpa_kernel(backend) if backend else contextlib.nullcontext():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def step(_):
+        attend().sum().backward()
+        q.grad = k.grad = v.grad = None
+
+    reset_peak_memory(info.device)
+    timing, _ = time_steps(step, max(3, sizes.steps // 4), info.device, 1, progress=False)
+    peak = peak_memory_bytes(info.device)
+    return {"time fwd+bwd median (ms)": timing.median * 1e3, "IQR (ms)": timing.iqr * 1e3,
+            "saved for backward (MB)": saved_activation_bytes(attend) / 2**20,
+            "peak (MB)": peak / 2**20 if peak is not None else float("nan")}
+
+
+cost = pd.DataFrame({f"{dtype_name(dt)} {name}": attention_cost(backend, dt)
+                     for dt in dtypes
+                     for name, backend in (("default", None), ("math", SDPBackend.MATH))}).T
+cost.round(3)
+
+# %%
+score_elements = sizes.batch * heads * sizes.seq_len**2  # one (seq x seq) matrix per head
+for dt in dtypes:
+    d = dtype_name(dt)
+    fused, math = cost.loc[f"{d} default"], cost.loc[f"{d} math"]
+    saved_x = math["saved for backward (MB)"] / fused["saved for backward (MB)"]
+    time_x = math["time fwd+bwd median (ms)"] / fused["time fwd+bwd median (ms)"]
+    print(f"{d}: math keeps {saved_x:.2f}x the bytes of the default kernel and takes {time_x:.2f}x "
+          f"its time")
+    element = torch.finfo(dt).bits // 8
+    assert math["saved for backward (MB)"] * 2**20 >= score_elements * element  # the matrix
+    if sizes.seq_len > 2 * head_dim:  # then the score matrix outweighs what the fused kernel keeps
+        assert saved_x > 1, f"{d}: math did not keep more than the fused kernel"
+
+# %% [markdown]
+# The score matrix grows with seq², what a fused kernel keeps (q, k, v, the output and one
+# log-sum-exp per row) grows with seq x head_dim, so the gap widens with longer sequences: at the
+# `smoke` size (sequence 16, head dimension 32) the fused kernel even keeps more.
+#
+# One more thing the trace shows on CPU: the math backend computes low-precision attention in
+# **float32**. It casts q, k and v up (`_to_copy` to fp32), runs the matmuls and the softmax in
+# float32 and casts the result back, so it loses AMP's speed *and* its memory saving.
+
+# %%
+q, k, v = (torch.randn(qkv_shape, device=info.device, dtype=amp_dtype) for _ in range(3))
+with sdpa_kernel(SDPBackend.MATH):
+    math_ops = trace_dtypes(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+print([f"{t.op}->{t.output}" for t in math_ops])
+if info.type == "cpu":
+    assert [t.output for t in math_ops if t.op == "bmm"] == ["fp32", "fp32"]
+    assert math_ops[-1].op == "_to_copy" and math_ops[-1].output == low
+
+# %% [markdown]
+# ## What to remember
+#
+# - Autocast lowers the matmuls (linear, attention); a pre-norm transformer keeps its residual
+#   stream, layer norms and loss in float32. On CUDA autocast itself forces layer norm, softmax and
+#   the loss to float32; on CPU only the loss is on the float32 list, and bf16 is safe anyway.
+# - In float16: scale before the product, never build masks from constants float16 cannot hold,
+#   use `torch.finfo(dtype).min` where a row can be fully masked, or switch to bfloat16.
+# - Check which attention kernel runs (`sdpa_kernel` + the profiler): the math fallback stores the
+#   full score matrix and costs time (on CPU it even computes in float32); on NVIDIA, flash
+#   attention needs float16 or bfloat16.
+# - `pdm run bench --model transformer` measures this lesson's fp32-vs-AMP comparison with the
+#   same code.
+#
+# **Troubleshooting.** `value cannot be converted to type c10::Half without overflow`: a mask
+# constant that float16 cannot hold (use `finfo(dtype).min`). NaN loss from the first fp16 step with
+# no scaler skip: look for a fully masked attention row. "Flash attention kernel not used because":
+# the warning lists the reasons (dtype, head dimension, mask, dropout).
