@@ -458,10 +458,11 @@ quantization
 # (`torchao.float8.convert_to_float8_training`): it is PyTorch's own library, swaps each
 # `nn.Linear` for a `Float8Linear` (dynamic per-tensor scales, e4m3 forward, e5m2 for gradients),
 # works with `torch.compile` (which fuses the scaling and casting, and is needed for a speedup),
-# and installs from PyPI without a CUDA toolkit. NVIDIA's Transformer Engine does the same through
-# its own layers (`te.Linear` with `fp8_autocast`) and is the choice for NVIDIA's model stacks,
-# but it is NVIDIA-only and builds against a CUDA toolkit. torchao is not in the course's default
-# environment: `pdm install -G fp8` adds it.
+# and its wheel installs from PyPI even on a CPU-only machine (checked with torchao 0.18.0).
+# NVIDIA's Transformer Engine does the same through its own layers (`te.Linear` inside
+# `fp8_autocast`) and is the choice inside NVIDIA's model stacks, but it is tied to NVIDIA's CUDA
+# stack (AMD keeps a separate ROCm port). torchao is not in the course's default environment:
+# `pdm install -G fp8` adds it.
 #
 # Only linear layers are converted, so the transformer is the model for this; the ConvModel's
 # 1x1 convolutions stay as they are. The cell compares bf16 AMP with FP8 + bf16 AMP, both compiled;
@@ -586,7 +587,7 @@ op_tables["transformer"].head(20).round(1)
 if info.type == "cuda":
     for name, prof in profiles.items():
         print(f"{name}: GPU kernels of one AMP step")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))
+        print(prof.key_averages().table(sort_by="device_time_total", row_limit=15))
 else:
     print("No GPU: the profiler recorded CPU ops only (kernels are a GPU notion).")
 
@@ -643,8 +644,10 @@ print("tensors saved for backward (MB) in one forward + loss:")
 saved.round(3)
 
 # %% [markdown]
-# The transformer keeps more than half: its residual stream, LayerNorm statistics and the loss's
-# log-probabilities are saved in fp32 (or as integer indices), and only the matmul inputs shrink.
+# The transformer's ratio is further from one half than the ConvModel's: its residual stream
+# stays fp32 (the embeddings are not autocast, and fp32 + bf16 is fp32 by type promotion), so its
+# LayerNorms and the residual additions keep fp32 tensors; what shrinks are the inputs of the
+# matmuls and of attention.
 #
 # ### The fp32 baseline on NVIDIA Ampere and newer
 #
