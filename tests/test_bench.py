@@ -97,3 +97,37 @@ def test_unknown_model_exits_2(capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--model", "resnet"])
     assert exit_info.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_compile_with_the_transformer_is_refused_clearly(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--model", "transformer", "--compile"])
+    assert exit_info.value.code == 2
+    assert "--compile runs the conv model only" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def compiled_report(tmp_path_factory):
+    # aot_eager captures the graph like inductor does but generates no code: a cheap compile
+    path = tmp_path_factory.mktemp("bench") / "compiled.json"
+    assert bench.main(["--preset", "smoke", "--device", "cpu", "--no-progress",
+                       "--compile", "aot_eager", "--json", str(path)]) == 0
+    return json.loads(path.read_text())
+
+
+def test_compile_adds_compiled_rows_against_the_eager_baseline(compiled_report):
+    modes = [r["mode"] for r in compiled_report["results"]]
+    assert modes == ["fp32", "bf16", "fp32 compiled", "bf16 compiled"]
+    assert compiled_report["compile"] == "aot_eager"
+    eager_fp32, _, compiled_fp32, compiled_bf16 = compiled_report["results"]
+    assert eager_fp32["train_compile_s"] is None
+    assert compiled_bf16["train_speedup"] == pytest.approx(
+        eager_fp32["train_median_s"] / compiled_bf16["train_median_s"])
+    # the first call compiles (seconds), which is reported apart from the step time
+    for r in (compiled_fp32, compiled_bf16):
+        assert r["train_compile_s"] > r["train_median_s"]
+        assert r["infer_compile_s"] > 0
+    # the same mathematics: compiled training ends where eager training does
+    assert compiled_fp32["final_loss"] == pytest.approx(eager_fp32["final_loss"], rel=1e-3)
+    assert compiled_bf16["activation_ratio"] <= 0.55
+

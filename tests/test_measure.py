@@ -8,6 +8,7 @@ import torch
 from amp_tutorial.measure import (
     Timing,
     activation_output_bytes,
+    op_dtype_rows,
     peak_memory_bytes,
     reset_peak_memory,
     saved_activation_bytes,
@@ -87,3 +88,17 @@ def test_gpu_peak_is_reset_between_runs():
     assert peak_memory_bytes("cuda") >= 64 * 2**20
     reset_peak_memory("cuda")
     assert peak_memory_bytes("cuda") < 64 * 2**20
+
+
+def test_op_dtype_rows_show_autocast_matmuls_in_bf16_and_the_casts_from_fp32():
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                record_shapes=True) as prof:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            a @ b
+        a @ b  # the same matmul outside autocast: fp32
+    rows = {(r["op"], r["input dtypes"]): r for r in op_dtype_rows(prof.events())}
+    assert rows[("aten::mm", "bf16, bf16")]["calls"] == 1
+    assert rows[("aten::mm", "fp32, fp32")]["calls"] == 1
+    assert rows[("aten::_to_copy", "fp32")]["calls"] == 2  # autocast cast a and b down
+    assert all(r["self time (us)"] >= 0 for r in rows.values())

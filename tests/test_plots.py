@@ -44,3 +44,14 @@ def test_bars_one_panel_per_metric():
     assert [ax.get_title() for ax in fig.axes] == ["time (ms)", "memory (MB)"]
     heights = [p.get_height() for p in fig.axes[0].patches]
     assert heights == [2.0, 1.0]
+
+
+def test_op_times_one_bar_per_row_coloured_by_precision():
+    rows = [{"op": "aten::mm", "input dtypes": "bf16, bf16", "self time (us)": 2000.0},
+            {"op": "aten::add_", "input dtypes": "fp32, fp32", "self time (us)": 500.0}]
+    fig = plots.plot_op_times(rows, "Ops of one step")
+    ax = fig.axes[0]
+    assert ax.get_title() == "Ops of one step" and "ms" in ax.get_xlabel()
+    widths = sorted(p.get_width() for p in ax.patches[:2])
+    assert widths == [0.5, 2.0]
+    assert ax.patches[0].get_facecolor() != ax.patches[1].get_facecolor()

@@ -7,6 +7,8 @@ final answer accuracy on held-out sequences).
 For fp32 and every AMP dtype the device supports it reports training and inference time per step
 (median and interquartile range over the timed steps, after warm-up), peak allocator memory where
 the device has one, saved-activation bytes (every device), the final loss and ratios against fp32.
+``--compile`` runs the same modes through ``torch.compile`` and reports the compile time (first
+call minus a median step) apart from the step time. Lesson 09 explains what compile changes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -73,6 +76,8 @@ class ModeResult:
     train_peak_ratio: float | None = None
     infer_peak_ratio: float | None = None
     final_accuracy: float | None = None  # transformer: answer accuracy on held-out sequences
+    train_compile_s: float | None = None  # --compile: first call minus a median step
+    infer_compile_s: float | None = None
 
 
 def run_mode(
@@ -82,9 +87,15 @@ def run_mode(
     inputs: torch.Tensor,
     targets: torch.Tensor,
     progress: bool = True,
+    compile_backend: str | None = None,
 ) -> ModeResult:
-    """Train and then time inference of a fresh, identically seeded model in one precision mode."""
+    """Train and then time inference of a fresh, identically seeded model in one precision mode.
+
+    With ``compile_backend`` (e.g. ``"inductor"``) the model runs through ``torch.compile``; the
+    first call, which compiles, is timed on its own and never counted as a step.
+    """
     label = dtype_name(amp_dtype) if amp_dtype else fp32_baseline(info)
+    label += " compiled" if compile_backend else ""
     torch.manual_seed(SEED)
     reset_peak_memory(info.device)
     model = ConvModel(preset.hidden, preset.n_hidden_layers).to(
@@ -92,9 +103,12 @@ def run_mode(
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
     use_scaler = amp_dtype is not None and info.needs_grad_scaler(amp_dtype)
     scaler = torch.amp.GradScaler(info.type) if use_scaler else None
-    train_step = make_train_step(model, optimizer, inputs, targets, amp_dtype, scaler)
-    train_timing, losses = time_steps(train_step, preset.steps, info.device, preset.warmup,
-                                      desc=f"train {label}", progress=progress)
+    net = torch.compile(model, backend=compile_backend) if compile_backend else model
+    train_step = make_train_step(net, optimizer, inputs, targets, amp_dtype, scaler)
+    train_first = _first_call_s(train_step, info.device) if compile_backend else None
+    train_timing, losses = time_steps(train_step, preset.steps, info.device,
+                                      _warmup(preset, compile_backend), desc=f"train {label}",
+                                      progress=progress)
     train_peak = peak_memory_bytes(info.device)
 
     def forward_and_loss() -> None:
@@ -106,9 +120,11 @@ def run_mode(
 
     del optimizer, scaler, train_step
     reset_peak_memory(info.device)
-    infer_step = make_inference_step(model, inputs, amp_dtype)
-    infer_timing, _ = time_steps(infer_step, preset.inference_steps, info.device, preset.warmup,
-                                 desc=f"infer {label}", progress=progress)
+    infer_step = make_inference_step(net, inputs, amp_dtype)
+    infer_first = _first_call_s(infer_step, info.device) if compile_backend else None
+    infer_timing, _ = time_steps(infer_step, preset.inference_steps, info.device,
+                                 _warmup(preset, compile_backend), desc=f"infer {label}",
+                                 progress=progress)
     infer_peak = peak_memory_bytes(info.device)
     return ModeResult(
         mode=label,
@@ -122,6 +138,8 @@ def run_mode(
         infer_peak_bytes=infer_peak,
         saved_activation_bytes=activation_bytes,
         final_loss=float(losses[-1]),
+        train_compile_s=_minus(train_first, train_timing.median),
+        infer_compile_s=_minus(infer_first, infer_timing.median),
     )
 
 
@@ -210,6 +228,19 @@ def run_transformer_benchmark(info: DeviceInfo, preset: Preset, progress: bool =
     return results, losses
 
 
+def _first_call_s(step: Callable[[int], object], device: torch.device) -> float:
+    """Seconds of one synchronised call: with torch.compile, the call that compiles."""
+    return time_steps(step, 1, device, progress=False)[0].median
+
+
+def _warmup(preset: Preset, compile_backend: str | None) -> int:
+    return max(preset.warmup - 1, 0) if compile_backend else preset.warmup  # first call warms up
+
+
+def _minus(first: float | None, median: float) -> float | None:
+    return None if first is None else max(first - median, 0.0)
+
+
 def _memory_format(tensor: torch.Tensor) -> torch.memory_format:
     channels_last = tensor.is_contiguous(memory_format=torch.channels_last)
     return torch.channels_last if channels_last else torch.contiguous_format
@@ -234,12 +265,17 @@ MEMORY_FORMATS = {"channels_last": torch.channels_last, "contiguous": torch.cont
 
 
 def run_benchmark(info: DeviceInfo, preset: Preset, progress: bool = True,
-                  memory_format: str = "channels_last") -> list[ModeResult]:
-    """fp32 first (the baseline), then each AMP dtype the device supports, in one memory format."""
+                  memory_format: str = "channels_last",
+                  compile_backend: str | None = None) -> list[ModeResult]:
+    """fp32 first (the baseline), then each AMP dtype the device supports, in one memory format.
+
+    With ``compile_backend``, eager fp32 stays the baseline and every mode is run again compiled.
+    """
     inputs, targets = make_problem(preset.grid, info.device, MEMORY_FORMATS[memory_format])
     modes: list[torch.dtype | None] = [None, *info.amp_dtypes]
-    results = [run_mode(info, preset, m, inputs, targets, progress)
-               for m in tqdm(modes, desc="modes", disable=not progress)]
+    runs = [(m, None) for m in modes] + [(m, compile_backend) for m in modes if compile_backend]
+    results = [run_mode(info, preset, m, inputs, targets, progress, backend)
+               for m, backend in tqdm(runs, desc="modes", disable=not progress)]
     add_ratios(results)
     return results
 
@@ -276,12 +312,12 @@ def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
     with_accuracy = any(r.final_accuracy is not None for r in results)
     time_table = _table(
         ["mode", "scaler", "train ms/step", "IQR", "speedup", "infer ms/step", "IQR", "speedup",
-         "final loss", *(["accuracy"] if with_accuracy else [])],
+         "final loss", *(["accuracy"] if with_accuracy else []), "compile s (train/infer)"],
         [[r.mode, "yes" if r.grad_scaler else "no",
           f"{r.train_median_s * 1e3:.2f}", f"{r.train_iqr_s * 1e3:.2f}", _x(r.train_speedup),
           f"{r.infer_median_s * 1e3:.2f}", f"{r.infer_iqr_s * 1e3:.2f}", _x(r.infer_speedup),
-          f"{r.final_loss:.4g}",
-          *([f"{r.final_accuracy:.3f}"] if with_accuracy else [])] for r in results])
+          f"{r.final_loss:.4g}", *([f"{r.final_accuracy:.3f}"] if with_accuracy else []),
+          _compile_text(r)] for r in results])
     memory_table = _table(
         ["mode", "saved activations MB", "ratio", "train peak MB", "ratio", "infer peak MB",
          "ratio"],
@@ -294,6 +330,12 @@ def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
              + "ratio = mode / fp32; peak MB is the caching allocator's peak (n/a on CPU and "
              "MPS);\nsaved activations = bytes autograd keeps for backward in one forward + loss.")
     return f"{header}\n\nTime\n{time_table}\n\nMemory\n{memory_table}\n\n{notes}"
+
+
+def _compile_text(r: ModeResult) -> str:
+    if r.train_compile_s is None or r.infer_compile_s is None:
+        return "-"
+    return f"{r.train_compile_s:.1f} / {r.infer_compile_s:.1f}"
 
 
 def _ratio_text(r: float | None) -> str:
@@ -314,10 +356,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-format", choices=list(MEMORY_FORMATS), default="channels_last",
                         help="tensor layout for both fp32 and AMP (default: channels_last, the "
                         "layout fast convolution kernels use; contiguous = NCHW as in the seed)")
+    parser.add_argument("--compile", nargs="?", const="inductor", metavar="BACKEND",
+                        help="also run every mode through torch.compile (default backend: "
+                        "inductor; aot_eager traces without generating code) and report the "
+                        "compile time apart from the step time")
     parser.add_argument("--json", nargs="?", const="-", metavar="PATH",
                         help="write the results as JSON to PATH (or stdout with no PATH)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     args = parser.parse_args(argv)
+    if args.compile and args.model != "conv":
+        parser.error("--compile runs the conv model only; lesson 09 compiles the transformer")
     try:
         info = select_device(args.device)
         preset = get_preset(args.preset, info.type)
@@ -329,11 +377,11 @@ def main(argv: list[str] | None = None) -> int:
         results, _ = run_transformer_benchmark(info, preset, progress=not args.no_progress)
     else:
         results = run_benchmark(info, preset, progress=not args.no_progress,
-                                memory_format=args.memory_format)
+                                memory_format=args.memory_format, compile_backend=args.compile)
     report = {
         "device": str(info.device), "backend": info.backend, "device_name": info.name,
         "torch": torch.__version__, "preset": asdict(preset), "baseline": results[0].mode,
-        "model": args.model, "memory_format": args.memory_format,
+        "model": args.model, "memory_format": args.memory_format, "compile": args.compile,
         "results": [asdict(r) for r in results],
     }
     if args.json == "-":

@@ -171,3 +171,29 @@ def activation_output_bytes(model: torch.nn.Module, fn: Callable[[], object]) ->
         for handle in handles:
             handle.remove()
     return total
+
+
+def op_dtype_rows(events: object, min_tensor_inputs: int = 1) -> list[dict[str, object]]:
+    """Ops from a ``torch.profiler`` run made with ``record_shapes=True``, grouped by op name and
+    the dtypes of their tensor inputs: calls and self time (CPU-side, microseconds).
+
+    Shows which ops really ran in low precision and which in float32 (lesson 09).
+    """
+    rows: dict[tuple[str, str], dict[str, object]] = {}
+    for event in events:  # prof.events(): one FunctionEvent per op call
+        dtypes = [d for d, shape in zip(event.input_dtypes, event.input_shapes, strict=False)
+                  if shape and d not in ("Scalar", "ScalarList", "")]
+        if len(dtypes) < min_tensor_inputs or not event.name.startswith("aten::"):
+            continue
+        key = (event.name, ", ".join(_short_dtype(d) for d in dtypes))
+        row = rows.setdefault(key, {"op": key[0], "input dtypes": key[1], "calls": 0,
+                                    "self time (us)": 0.0})
+        row["calls"] += 1
+        row["self time (us)"] += event.self_cpu_time_total
+    return sorted(rows.values(), key=lambda r: -r["self time (us)"])
+
+
+def _short_dtype(profiler_dtype: str) -> str:
+    names = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "double": "fp64",
+             "long int": "int64", "bool": "bool", "int": "int32"}
+    return names.get(profiler_dtype, profiler_dtype)

@@ -92,3 +92,21 @@ def _as_2d(image: torch.Tensor | np.ndarray) -> np.ndarray:
     if isinstance(image, torch.Tensor):
         image = image.detach().float().cpu().numpy()
     return np.asarray(image).reshape(image.shape[-2], image.shape[-1])
+
+
+def plot_op_times(rows: Sequence[Mapping[str, object]], title: str, top: int = 15) -> Figure:
+    """Self time of the ``top`` ops of a profiled step, one bar per (op, input dtypes), coloured by
+    whether any input was low precision (rows from ``measure.op_dtype_rows``; lesson 09)."""
+    shown = list(rows)[:top][::-1]
+    colours = ["tab:green" if any(d in str(r["input dtypes"]) for d in ("bf16", "fp16"))
+               else "tab:gray" for r in shown]
+    fig, ax = plt.subplots(figsize=(8, 0.32 * len(shown) + 1.5))
+    ax.barh([f"{r['op']} ({r['input dtypes']})" for r in shown],
+            [float(r["self time (us)"]) / 1e3 for r in shown], color=colours)
+    ax.set(title=title, xlabel="self time in the step (ms)")
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color="tab:green"),
+                       plt.Rectangle((0, 0), 1, 1, color="tab:gray")],
+              labels=["low-precision input", "float32 inputs only"], fontsize=8, loc="lower right")
+    ax.tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    return fig
