@@ -36,14 +36,15 @@ from typing import Any, NoReturn
 import jupytext
 import pytest
 
+from tests.conftest import NOTEBOOKS, ROOT, missing_tool
 from tests.lab_server import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.docker
+
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 VARIANT_FILES = {path.stem: path for path in sorted((ROOT / "docker").glob("*.yml"))}
 LAB_OVERRIDES = ROOT / "jupyter-config/etc/jupyter/labconfig/default_setting_overrides.json"
-LESSON = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))[0]  # the shortest run: 01
-IN_CI = os.environ.get("CI") == "true"
+LESSON = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))[0]  # the shortest run: 01
 
 TORCH_WHEEL = Path(os.environ.get(
     "AMP_TUTORIAL_TEST_TORCH_WHEEL",
@@ -65,9 +66,7 @@ NOT_FROM_LOCK = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*)$", re.IGNORECASE)
 
 def missing(reason: str) -> NoReturn:
     """Skip for a tool this machine lacks; under CI=true the tool must be there, so fail."""
-    if IN_CI:
-        pytest.fail(reason)
-    pytest.skip(reason)
+    missing_tool(reason, "see the README's 'How the course is tested' for what these tests need")
 
 
 def run(args: list[str], *, timeout: float = 120, check: bool = True,
