@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -32,6 +32,7 @@ from amp_tutorial.device import (
     set_strict_fp32,
 )
 from amp_tutorial.measure import (
+    Timing,
     peak_memory_bytes,
     reset_peak_memory,
     saved_activation_bytes,
@@ -126,21 +127,22 @@ def run_mode(
                                  _warmup(preset, compile_backend), desc=f"infer {label}",
                                  progress=progress)
     infer_peak = peak_memory_bytes(info.device)
+    return _result(label, amp_dtype, use_scaler, train_timing, infer_timing, train_peak,
+                   infer_peak, activation_bytes, losses,
+                   train_compile_s=_minus(train_first, train_timing.median),
+                   infer_compile_s=_minus(infer_first, infer_timing.median))
+
+
+def _result(label: str, amp_dtype: torch.dtype | None, use_scaler: bool, train: Timing,
+            infer: Timing, train_peak: int | None, infer_peak: int | None,
+            activation_bytes: int, losses: Sequence[float], **extra: float | None) -> ModeResult:
+    """One mode's row from its measurements (``extra``: the model- or compile-specific fields)."""
     return ModeResult(
-        mode=label,
-        amp_dtype=dtype_name(amp_dtype) if amp_dtype else None,
-        grad_scaler=use_scaler,
-        train_median_s=train_timing.median,
-        train_iqr_s=train_timing.iqr,
-        infer_median_s=infer_timing.median,
-        infer_iqr_s=infer_timing.iqr,
-        train_peak_bytes=train_peak,
-        infer_peak_bytes=infer_peak,
-        saved_activation_bytes=activation_bytes,
-        final_loss=float(losses[-1]),
-        train_compile_s=_minus(train_first, train_timing.median),
-        infer_compile_s=_minus(infer_first, infer_timing.median),
-    )
+        mode=label, amp_dtype=dtype_name(amp_dtype) if amp_dtype else None,
+        grad_scaler=use_scaler, train_median_s=train.median, train_iqr_s=train.iqr,
+        infer_median_s=infer.median, infer_iqr_s=infer.iqr, train_peak_bytes=train_peak,
+        infer_peak_bytes=infer_peak, saved_activation_bytes=activation_bytes,
+        final_loss=float(losses[-1]), **extra)
 
 
 def make_transformer_problem(
@@ -197,20 +199,8 @@ def run_transformer_mode(
     infer_timing, _ = time_steps(infer_step, max(2, sizes.steps // 4), info.device, sizes.warmup,
                                  desc=f"infer {label}", progress=progress)
     infer_peak = peak_memory_bytes(info.device)
-    result = ModeResult(
-        mode=label,
-        amp_dtype=dtype_name(amp_dtype) if amp_dtype else None,
-        grad_scaler=use_scaler,
-        train_median_s=train_timing.median,
-        train_iqr_s=train_timing.iqr,
-        infer_median_s=infer_timing.median,
-        infer_iqr_s=infer_timing.iqr,
-        train_peak_bytes=train_peak,
-        infer_peak_bytes=infer_peak,
-        saved_activation_bytes=activation_bytes,
-        final_loss=float(losses[-1]),
-        final_accuracy=accuracy,
-    )
+    result = _result(label, amp_dtype, use_scaler, train_timing, infer_timing, train_peak,
+                     infer_peak, activation_bytes, losses, final_accuracy=accuracy)
     return result, [float(loss) for loss in losses]
 
 

@@ -28,10 +28,23 @@ def make_train_step(
     A ``scaler`` (needed for float16) scales the loss before backward and skips steps whose
     gradients overflowed.
     """
-    device_type = inputs.device.type
-    loss_fn = nn.MSELoss()
+    return _amp_train_step(model, optimizer, lambda _: (inputs, targets), nn.MSELoss(),
+                           inputs.device.type, amp_dtype, scaler)
 
-    def step(_: int) -> float:
+
+def _amp_train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    device_type: str,
+    amp_dtype: torch.dtype | None,
+    scaler: torch.amp.GradScaler | None,
+) -> Callable[[int], float]:
+    """The one AMP training step both course models use: ``step(i)`` trains on ``batch(i)``."""
+
+    def step(i: int) -> float:
+        inputs, targets = batch(i)
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device_type, dtype=amp_dtype or torch.float32,
                             enabled=amp_dtype is not None):
@@ -76,24 +89,8 @@ def make_sequence_train_step(
     ``step(i)`` trains on ``batches[i % len(batches)]`` (warm-up steps pass negative ``i``), so
     every precision mode sees the same data in the same order.
     """
-    device_type = batches[0][0].device.type
-
-    def step(i: int) -> float:
-        inputs, targets = batches[i % len(batches)]
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device_type, dtype=amp_dtype or torch.float32,
-                            enabled=amp_dtype is not None):
-            loss = sequence_loss(model(inputs), targets)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            loss.backward()
-            optimizer.step()
-        return loss.item()
-
-    return step
+    return _amp_train_step(model, optimizer, lambda i: batches[i % len(batches)], sequence_loss,
+                           batches[0][0].device.type, amp_dtype, scaler)
 
 
 def sequence_accuracy(
