@@ -1,7 +1,18 @@
 """Helpers for the PyTorch AMP course: the plumbing the notebooks share, defined once and tested.
 
-The lessons themselves (autocast blocks, GradScaler calls, training loops) stay in the notebooks;
-this package holds device selection, presets, data, the model, measurement and plots.
+The lessons themselves (autocast blocks, GradScaler calls, training loops) stay in the notebooks.
+One module per job:
+
+- ``device``, ``gpu_access``: which device and AMP dtypes, and why a GPU is not usable;
+- ``presets``: problem sizes for a GPU, a laptop CPU and the test suite;
+- ``data``, ``models``, ``tasks``, ``transformer``: the two course problems and their models;
+- ``training``: the train and inference steps the benchmark times;
+- ``measure``, ``gradients``: time, memory, saved activations, profiler dtypes, gradient norms;
+- ``policy``, ``attention``: autocast's op policy probed live, the dtypes ops ran in, SDPA kernels;
+- ``plots``: the shared figures;
+- ``checkpoint``, ``nonfinite``, ``ddp``: checkpoints with scaler state, inf/NaN hunting, DDP;
+- ``exercise``, ``quiz``: the exercise checker and the quiz;
+- ``bench``, ``lab``: the ``pdm run bench`` and ``pdm run lab`` commands.
 """
 
 from amp_tutorial.data import generate_grid, make_problem, quantized_sinusoid
