@@ -42,7 +42,7 @@ from torch import nn
 from amp_tutorial import ConvModel, describe_device, get_preset, make_problem, select_device
 from amp_tutorial.checkpoint import load_checkpoint, save_checkpoint
 from amp_tutorial.ddp import parameter_hash
-from amp_tutorial.device import dtype_name
+from amp_tutorial.device import dtype_name, tf32_state
 from amp_tutorial.measure import saved_activation_bytes
 from amp_tutorial.nonfinite import NonFiniteLossError, check_finite_loss, first_nonfinite_module
 
@@ -390,7 +390,7 @@ eps = torch.finfo(amp_dtype).eps
 print(f"reference {reference.item():.8f}; fp32 loss {safe.item():.8f} ({safe.dtype}); "
       f"{dtype_name(amp_dtype)} loss {unsafe.item():.8f} ({unsafe.dtype}, eps {eps:.1e})")
 assert safe.dtype == torch.float32 and torch.allclose(safe, reference, rtol=1e-6)
-assert unsafe.dtype == amp_dtype  # only ~3 (bf16) or ~4 (fp16) significant digits
+assert unsafe.dtype == amp_dtype  # about 2.4 (bf16) or 3.3 (fp16) significant digits
 
 # %% [markdown]
 # ### Why `binary_cross_entropy` is refused, and `binary_cross_entropy_with_logits` is the fix
@@ -706,8 +706,9 @@ with torch.autocast(info.type, dtype=torch.float16):
 #   sizes and batch sizes that are multiples of 8 (fp16/bf16 on NVIDIA; larger multiples help
 #   more) avoid padded or slower kernels. The cell below lists this model's layers that miss it.
 # - **Your "fp32" was not fp32.** On NVIDIA Ampere and newer, cuDNN runs fp32 convolutions on
-#   TF32 tensor cores by default (`torch.backends.cudnn.allow_tf32` is True; matmuls are not, see
-#   `torch.backends.cuda.matmul.allow_tf32`). The baseline is then already fast and AMP's gain is
+#   TF32 tensor cores by default (matmuls are not); torch >= 2.9 spells these switches
+#   `torch.backends.cudnn.conv.fp32_precision` and `torch.backends.cuda.matmul.fp32_precision`,
+#   older torch `allow_tf32`. The baseline is then already fast and AMP's gain is
 #   smaller; lesson 03 names the baseline it measured, and `pdm run bench --strict-fp32` turns
 #   TF32 off.
 # - **First-call kernel search.** cuDNN (with `torch.backends.cudnn.benchmark = True`) and
@@ -722,9 +723,9 @@ layer_sizes = pd.DataFrame([
      "multiple of 8": m.in_channels % 8 == 0 and m.out_channels % 8 == 0}
     for name, m in new_model().named_modules() if isinstance(m, nn.Conv2d)
 ])
-print(f"cudnn.allow_tf32 = {torch.backends.cudnn.allow_tf32}, "
-      f"cuda.matmul.allow_tf32 = {torch.backends.cuda.matmul.allow_tf32}")
-assert torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32  # defaults
+tf32 = tf32_state()  # read with the settings API this torch has
+print(f"TF32 allowed for CUDA convolutions: {tf32['convolutions']}, matmuls: {tf32['matmuls']}")
+assert tf32 == {"convolutions": True, "matmuls": False}  # PyTorch's defaults
 assert not layer_sizes["multiple of 8"].iloc[[0, -1]].any()  # 2 coordinates in, 1 value out
 assert get_preset("paper").hidden % 8 == 0  # the hidden layers, where the work is, are fine
 layer_sizes.style.hide(axis="index")

@@ -49,7 +49,7 @@ QUESTIONS: dict[int, Question] = {
          "c": "To halve the memory of the weights.",
          "d": "Because autocast only accepts float32 inputs."},
         "a",
-        "fp16 keeps about 3 decimal digits (bf16 about 2): w + 1e-5 == w for w near 1. fp32 "
+        "fp16 keeps about 3.3 decimal digits (bf16 about 2.4): w + 1e-5 == w for w near 1. fp32 "
         "weights accumulate many small updates; autocast casts them to 16 bit per op."),
     4: Question(
         "You train with Adam and call `clip_grad_norm_(model.parameters(), max_norm)` right after "
