@@ -46,7 +46,7 @@ from amp_tutorial import (
     time_steps,
 )
 from amp_tutorial.device import dtype_name, fp32_baseline, set_strict_fp32
-from amp_tutorial.measure import op_dtype_rows
+from amp_tutorial.measure import op_dtype_rows, optimizer_step_events
 from amp_tutorial.plots import plot_bars, plot_losses, plot_op_times
 from amp_tutorial.tasks import ReversalTask, sequence_loss
 from amp_tutorial.transformer import DecoderTransformer, TransformerConfig
@@ -164,7 +164,8 @@ def train(model_name, amp_dtype, compiled, steps):
     make_model, inputs, targets, loss_fn = MODELS[model_name]
     model = make_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler(info.type, enabled=info.needs_grad_scaler(amp_dtype))
+    scaler = torch.amp.GradScaler(
+        info.type, enabled=amp_dtype is not None and info.needs_grad_scaler(amp_dtype))
     net = torch.compile(model, backend=BACKEND) if compiled else model
 
     def step(i):
@@ -266,8 +267,8 @@ assert (one.bfloat16() - 1e-3) == 1.0 and (one - 1e-3) != 1.0
 assert torch.finfo(torch.bfloat16).eps == 2**-7
 
 # %% [markdown]
-# Adam's first step moves every weight by about the learning rate (1e-3 here) in the direction of
-# its gradient. In a pure-bf16 ConvModel, how many of those updates survive? BatchNorm's weights
+# Adam's first step moves every weight by about the learning rate (1e-3 here) against its
+# gradient. In a pure-bf16 ConvModel, how many of those updates survive? BatchNorm's weights
 # start at exactly 1.0, so we expect all of theirs to vanish; the rest depends on each weight's
 # size.
 
@@ -323,7 +324,7 @@ def train_amp_bf16():
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    return model, losses
+    return model, optimizer, losses
 
 
 def train_pure_bf16():
@@ -334,24 +335,39 @@ def train_pure_bf16():
         with torch.no_grad():
             losses.append(F.mse_loss(model(bf16_in), bf16_target).float().item())
         lost.append(lost_update_share(model, optimizer, bf16_in, bf16_target))
-    return model, losses, lost
+    return model, optimizer, losses, lost
 
 
-amp_model, amp_losses = train_amp_bf16()
-pure_model, pure_losses, lost_shares = train_pure_bf16()
+def training_bytes_per_weight(model, optimizer):
+    """Bytes held per weight after a step: the weight, its gradient and Adam's two averages."""
+    held = 0
+    for p in model.parameters():
+        state = [v for v in optimizer.state[p].values()
+                 if torch.is_tensor(v) and v.shape == p.shape]
+        held += sum(t.numel() * t.element_size() for t in (p, p.grad, *state))
+    return held / sum(p.numel() for p in model.parameters())
+
+
+amp_model, amp_optimizer, amp_losses = train_amp_bf16()
+pure_model, pure_optimizer, pure_losses, lost_shares = train_pure_bf16()
 print(f"final loss: AMP bf16 {amp_losses[-1]:.4f}, pure bf16 {pure_losses[-1]:.4f}; "
       f"lost updates per step in pure bf16: {min(lost_shares):.1%} to {max(lost_shares):.1%} "
       f"(mean {sum(lost_shares) / len(lost_shares):.1%})")
 assert amp_model.layers[0].weight.dtype == torch.float32  # AMP never touched the stored weights
 assert min(lost_shares) > 0
+per_weight = {"AMP bf16": training_bytes_per_weight(amp_model, amp_optimizer),
+              "pure bf16": training_bytes_per_weight(pure_model, pure_optimizer)}
+print(f"bytes per weight (weight + gradient + Adam's exp_avg, exp_avg_sq): {per_weight}")
+assert per_weight == {"AMP bf16": 16, "pure bf16": 8}
 fig = plot_losses({"AMP bf16 (fp32 weights)": amp_losses, "pure bf16 (bf16 weights)": pure_losses},
                   "Training loss: AMP against model.to(bfloat16)")
 
 # %% [markdown]
 # This is why AMP keeps **fp32 master weights**: autocast casts a weight to bf16 only as the input
 # of one matmul, while the stored weight, its gradient and the optimizer state stay fp32, so
-# thousands of small updates add up instead of rounding away. The price is memory (4 bytes per
-# weight plus 8 for Adam's state) that pure bf16 halves. Pure bf16 training can work with care
+# thousands of small updates add up instead of rounding away. The price is memory: with Adam,
+# 16 bytes per weight (fp32 weight, fp32 gradient and two fp32 moving averages) against 8 in
+# pure bf16, as measured above. Pure bf16 training can work with care
 # (larger learning rates, or optimizers that compensate the rounding), but it is not a switch.
 #
 # ### When pure bf16 is right: inference
@@ -535,8 +551,12 @@ else:
 # your code calls `conv2d` or `linear`: the profiler records that call with the fp32 weights you
 # passed, then the casts (`_to_copy`, reading fp32), then the same op again with low-precision
 # inputs, and under it the op that computes (`convolution`, `addmm`, `mm`, the attention kernel),
-# all in low precision. The optimizer's ops work on the fp32 weights. On GPUs the profiler also
-# records the kernels, which the second table lists.
+# all in low precision. The optimizer's ops, found under the profiler's `Optimizer.step#Adam.step`
+# range, work on the fp32 weights, gradients and moving averages: on the CPU Adam's default
+# single-tensor path calls `lerp_`, `addcmul_` and `addcdiv_` per weight, with fp32 inputs. On
+# CUDA its default `foreach` path calls `_foreach_lerp_` and friends on whole tensor lists, which
+# the profiler records without dtypes, so there the cell reads the state's dtype instead. On GPUs
+# the profiler also records the kernels, which the second table lists.
 
 # %%
 activities = [torch.profiler.ProfilerActivity.CPU]
@@ -560,10 +580,12 @@ def profile_step(model_name):
             loss = loss_fn(model(inputs), targets)
         loss.backward()
         optimizer.step()
-    return prof
+    return prof, optimizer
 
 
-profiles = {name: profile_step(name) for name in MODELS}
+profiles, optimizers = {}, {}
+for name in MODELS:
+    profiles[name], optimizers[name] = profile_step(name)
 op_tables = {name: pd.DataFrame(op_dtype_rows(p.events())) for name, p in profiles.items()}
 low = dtype_name(LOW)
 COMPUTE = ("aten::convolution", "aten::addmm", "aten::mm", "aten::bmm",
@@ -579,8 +601,16 @@ for name, ops in op_tables.items():
     entry = ops[ops["op"].isin(ENTRY)]
     assert entry["input dtypes"].str.contains("fp32").any()  # as called: fp32 weights
     assert entry["input dtypes"].str.fullmatch(rf"{low}(, {low})*").any()  # after the cast
-    fp32_only = ops[~ops["input dtypes"].str.contains(low)]
-    assert fp32_only["op"].str.contains("_foreach|adam|_to_copy").any()  # optimizer and casts
+    adam = pd.DataFrame(op_dtype_rows(optimizer_step_events(profiles[name].events()), 0))
+    update = adam[adam["op"].str.fullmatch(r"aten::(_foreach_)?(lerp|addcmul|addcdiv)_")]
+    print(f"{name}: Adam's update ops\n{update.to_string(index=False)}")
+    assert len(update) and not adam["input dtypes"].str.contains(low).any(), adam
+    with_dtypes = update[update["input dtypes"] != ""]  # tensor lists are recorded without
+    assert with_dtypes["input dtypes"].str.fullmatch(r"fp32(, fp32)*").all(), with_dtypes
+    if info.type == "cpu":  # single-tensor path: one call per weight, dtypes recorded
+        assert set(with_dtypes["op"]) == {"aten::lerp_", "aten::addcmul_", "aten::addcdiv_"}
+    assert all(v.dtype == torch.float32 for st in optimizers[name].state.values()
+               for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
 op_tables["transformer"].head(20).round(1)
 
 # %%
@@ -612,9 +642,10 @@ if info.type == "cuda":
     with torch.autocast(info.type, dtype=LOW):
         sequence_loss(model(tokens), token_targets).backward()
     snapshot = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
     os.makedirs("runs", exist_ok=True)
+    # dump while recording is on: disabling it (enabled=None) clears the recorded history
     torch.cuda.memory._dump_snapshot("runs/09_transformer_step.pickle")
+    torch.cuda.memory._record_memory_history(enabled=None)
     allocated = sum(b["size"] for s in snapshot["segments"] for b in s["blocks"]
                     if b["state"] == "active_allocated")
     print(f"after one AMP step: {allocated / 2**20:.1f} MB allocated; open "
@@ -654,7 +685,9 @@ saved.round(3)
 # "fp32" on an Ampere or newer NVIDIA GPU may really be **TF32** (10 mantissa bits) for
 # convolutions, and for matmuls if you allow it. Every comparison with AMP should name its
 # baseline; the course's `fp32_baseline` reads the installed torch's settings and
-# `set_strict_fp32` switches TF32 off.
+# `set_strict_fp32` switches TF32 off. CUDA TF32 needs an Ampere or newer GPU. CPUs have a
+# similar switch: oneDNN's `torch.backends.mkldnn.matmul.fp32_precision` (and `.conv`) accept
+# `"tf32"` or `"bf16"` (PyTorch >= 2.9, "MKLDNN backend" notes), but stay IEEE fp32 unless set.
 
 # %%
 print(f"baseline measured above: {fp32_baseline(info)}")
@@ -664,8 +697,16 @@ if info.type == "cuda" and not torch.version.hip and torch.cuda.get_device_capab
     assert "strict" in fp32_baseline(info)
     set_strict_fp32(False)
 else:
-    assert fp32_baseline(info) == "fp32"  # TF32 exists only on NVIDIA Ampere and newer
-    print("TF32 does not apply on this device: fp32 here is IEEE float32.")
+    # CUDA TF32 needs an Ampere or newer NVIDIA GPU: older ones report "fp32 (strict, TF32 off)"
+    cuda_pre_ampere = info.type == "cuda" and not torch.version.hip
+    assert fp32_baseline(info) == ("fp32 (strict, TF32 off)" if cuda_pre_ampere else "fp32")
+    print("CUDA TF32 does not apply on this device: the baseline is the one printed above.")
+# oneDNN lowers fp32 on CPUs only when asked to ("none" = the default, IEEE fp32)
+if info.type == "cpu" and hasattr(torch.backends.mkldnn, "matmul"):
+    onednn = {"matmul": torch.backends.mkldnn.matmul.fp32_precision,
+              "conv": torch.backends.mkldnn.conv.fp32_precision}
+    print(f"oneDNN fp32_precision on this CPU: {onednn}")
+    assert set(onednn.values()) <= {"none", "ieee"}
 
 # %% [markdown]
 # ## What to remember

@@ -193,6 +193,24 @@ def op_dtype_rows(events: object, min_tensor_inputs: int = 1) -> list[dict[str, 
     return sorted(rows.values(), key=lambda r: -r["self time (us)"])
 
 
+def optimizer_step_events(events: object) -> list[object]:
+    """The op calls made inside ``optimizer.step()`` of a ``torch.profiler`` run: every
+    ``torch.optim`` optimizer wraps its step in an ``Optimizer.step#<Class>.step`` range, and its
+    ops are that range's descendants (lesson 09).
+    """
+    found: list[object] = []
+
+    def walk(event: object) -> None:
+        for child in event.cpu_children:
+            found.append(child)
+            walk(child)
+
+    for event in events:
+        if event.name.startswith("Optimizer.step#"):
+            walk(event)
+    return found
+
+
 def _short_dtype(profiler_dtype: str) -> str:
     names = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "double": "fp64",
              "long int": "int64", "bool": "bool", "int": "int32"}
