@@ -185,9 +185,11 @@ results.round(3)
 # sequences it never saw; guessing gives 1 / number of symbols), AMP keeps at most 0.6 of fp32's
 # saved-activation bytes, and its accuracy is within one point of fp32's. Time is reported, not
 # asserted: `smoke` is too small to be faster in bf16, and the benchmark is where speed is measured.
-# On a CPU, bf16 is fast only with native bf16 instructions (AVX512-BF16 or AMX): on an AVX2-only
-# CPU PyTorch emulates bf16 matmuls, and bf16 is much *slower* than fp32 (the next cell prints
-# which instruction set PyTorch uses here).
+# On a CPU, bf16 is fast only with native bf16 instructions (AVX512-BF16 or AMX): without them
+# (AVX2, or AVX512 without its BF16 extension) PyTorch emulates bf16 matmuls, and bf16 is much
+# *slower* than fp32. The instruction set PyTorch reports (`get_cpu_capability()`) cannot tell:
+# an AMX CPU reports "AVX512" like one without bf16. The next cell prints what the course read
+# from the CPU's flags instead (`info.native_bf16`, with its notes).
 
 # %%
 for name, r in runs.items():
@@ -200,7 +202,7 @@ for name, r in runs.items():
             assert r["peak"] < base["peak"], f"{name}: allocator peak not below fp32"
 speedups = results["speedup (t_fp32 / t)"].drop(baseline)
 if info.type == "cpu":
-    print(f"CPU instruction set used by PyTorch: {torch.backends.cpu.get_cpu_capability()}")
+    print(f"native bf16 on this CPU: {info.native_bf16}", *info.notes, sep="\n  ")
 print(f"On {info.name}, preset {preset.name}: {speedups.idxmax()} ran at {speedups.max():.2f}x "
       f"the speed of {baseline} (t_fp32 / t_amp, medians), saved "
       f"{results.loc[speedups.idxmax(), 'activations vs fp32']:.2f} of its activation bytes.")
@@ -252,8 +254,10 @@ trace
 #   are on no list (of this model's ops only the loss, `cross_entropy_loss` / `nll_loss`, is on
 #   CPU's float32 list): a bf16 input to layer norm or softmax runs in bf16. The probe after the
 #   trace shows both.
-# - **Cross-entropy** over the vocabulary runs in float32 on both: a log-sum-exp over many logits
-#   in float16 overflows (exp(12) > 65504) and a long sum loses the small terms in any 16-bit type.
+# - **Cross-entropy** over the vocabulary runs in float32 on both. Its log-softmax subtracts the
+#   row's maximum first, so no exp overflows; the reason is the sum of exps over the vocabulary,
+#   which in a 16-bit type loses the small terms. This task's vocabulary is small (11 to 33 tokens
+#   by preset, printed above), where it matters little; a language model's has tens of thousands.
 
 # %%
 assert any(t.op == "addmm" and t.output == low for t in block_ops), "linear not lowered"
@@ -380,7 +384,9 @@ assert torch.isfinite(torch.tensor(-1e9, dtype=torch.bfloat16))
 # "overrideable" one for extensions). On **CPU** PyTorch tries a fused flash-attention kernel
 # for float32, float64, bfloat16 and float16, then falls back to math
 # (`aten/src/ATen/native/transformers/sdp_utils_cpp.cpp`). On **NVIDIA GPUs** the flash kernel needs
-# float16 or bfloat16: in float32 SDPA falls back to the memory-efficient or math kernel.
+# float16 or bfloat16 and a GPU of compute capability 8.0 to 12.1 (Ampere or newer;
+# `check_flash_attention_hardware_support` in `cuda/sdp_utils.cpp`): in float32, or on an older
+# GPU, SDPA falls back to the memory-efficient or math kernel.
 #
 # Two ways to check, both used here: allow only one backend with `sdpa_kernel(...)` and see it run
 # or raise ("No viable backend"), and read the kernel's op name in the profiler.
@@ -409,7 +415,8 @@ if info.type == "cpu":
     assert kernels["default kernel (profiler)"].str.contains("flash_attention_for_cpu").all()
 elif info.type == "cuda" and torch.version.hip is None:
     assert not kernels.loc["fp32", "FLASH_ATTENTION"]  # flash needs fp16/bf16 on NVIDIA
-    assert kernels.loc[dtype_name(info.amp_dtypes[0]), "FLASH_ATTENTION"]
+    if torch.cuda.get_device_capability(info.device) >= (8, 0):  # and sm80 or newer
+        assert kernels.loc[dtype_name(info.amp_dtypes[0]), "FLASH_ATTENTION"]
 
 # %% [markdown]
 # **The cost of the fallback.** The math backend is attention written out: `q @ k.T`, scale,
@@ -463,16 +470,20 @@ for dt in dtypes:
 # log-sum-exp per row) grows with seq x head_dim, so the gap widens with longer sequences: at the
 # `smoke` size (sequence 16, head dimension 32) the fused kernel even keeps more.
 #
-# One more thing the trace shows on CPU: the math backend computes low-precision attention in
-# **float32**. It casts q, k and v up (`_to_copy` to fp32), runs the matmuls and the softmax in
-# float32 and casts the result back, so it loses AMP's speed *and* its memory saving.
+# One more thing the trace shows, on every device: the math backend computes low-precision
+# attention in **float32**. It casts q, k and v up (`_to_copy` to fp32), runs the matmuls and the
+# softmax in float32 and casts the result back, so it loses AMP's speed *and* its memory saving
+# (`_scaled_dot_product_attention_math` in `aten/src/ATen/native/transformers/attention.cpp`). It
+# keeps fp16/bf16 only if you allow it with
+# `torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)` (a beta flag that, despite its
+# module, applies on every device).
 
 # %%
 q, k, v = (torch.randn(qkv_shape, device=info.device, dtype=amp_dtype) for _ in range(3))
 with sdpa_kernel(SDPBackend.MATH):
     math_ops = trace_dtypes(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
 print([f"{t.op}->{t.output}" for t in math_ops])
-if info.type == "cpu":
+if not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed():  # the default
     assert [t.output for t in math_ops if t.op == "bmm"] == ["fp32", "fp32"]
     assert math_ops[-1].op == "_to_copy" and math_ops[-1].output == low
 
@@ -485,8 +496,8 @@ if info.type == "cpu":
 # - In float16: scale before the product, never build masks from constants float16 cannot hold,
 #   use `torch.finfo(dtype).min` where a row can be fully masked, or switch to bfloat16.
 # - Check which attention kernel runs (`sdpa_kernel` + the profiler): the math fallback stores the
-#   full score matrix and costs time (on CPU it even computes in float32); on NVIDIA, flash
-#   attention needs float16 or bfloat16.
+#   full score matrix and costs time (and by default it computes in float32); on NVIDIA, flash
+#   attention needs float16 or bfloat16 and an Ampere or newer GPU.
 # - `pdm run bench --model transformer` measures this lesson's fp32-vs-AMP comparison with the
 #   same code.
 #
