@@ -206,9 +206,9 @@ fig.tight_layout()
 # dtype of the tensors they write to; and ops called with an **explicit `dtype=`** keep that
 # dtype. To see autocast's own decision, every call below is compared with the same call with
 # autocast off. `mm` is on autocast's lower-precision list on every device type; `prod` runs in
-# float32 everywhere too: on the CPU's float32 list, and on CUDA, XPU and MPS on the
-# float32-with-output-dtype list (`fp32_set_opt_dtype`), whose rule is to keep a dtype the caller
-# passed (`aten/src/ATen/autocast_mode.cpp` and `.h`).
+# float32 everywhere too: on the float32 list of the CPU and of MPS (plain `fp32`), and on CUDA
+# and XPU on the float32-with-output-dtype list (`fp32_set_opt_dtype`), whose rule is to keep a
+# dtype the caller passed (`aten/src/ATen/autocast_mode.cpp` and `.h`).
 
 # %%
 low = info.amp_dtype
@@ -272,8 +272,8 @@ assert uncached[0].grad_fn.next_functions[1][0] is not uncached[1].grad_fn.next_
 # The documented caveat is what happens when part of the region runs under `torch.no_grad()`:
 # a cast made there has no autograd history, and older PyTorch releases put it in the cache
 # anyway, so a later forward in the same autocast region silently lost its gradient (PyTorch
-# issue #112583; fixed by pull request #165068, which always makes cached casts with grad
-# enabled). Measured on this torch:
+# issues #112583 and #158232; pull request #165068, which fixes #158232, always makes cached
+# casts with grad enabled). Measured on this torch:
 
 # %%
 layer = torch.nn.Linear(64, 64).to(dev)
