@@ -9,8 +9,8 @@ import torch
 
 from amp_tutorial.device import (
     DEVICE_ENV,
-    _supported_amp_dtypes,
     DeviceNotAvailableError,
+    _supported_amp_dtypes,
     available_devices,
     cpu_bf16_flags,
     describe_device,
