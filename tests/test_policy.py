@@ -178,3 +178,15 @@ def test_header_parser_reads_overloads_and_every_list():
     assert {FP32, FP32_OUT, LOWERED, PROMOTE} == set(rules.values())
     # reductions that keep their input dtype under CUDA autocast (lesson 05 names them)
     assert not {"mean", "max", "amax", "min", "var", "std"} & set(rules)
+
+
+def test_mps_lists_differ_where_lessons_04_and_05_say():
+    """MPS autocast has a batch_norm kernel (fp32 list) and none for binary_cross_entropy."""
+    has_kernel = getattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", None)
+    if has_kernel is None:
+        pytest.skip("this torch has no _dispatch_has_kernel_for_dispatch_key")
+    listed = {dev: (has_kernel("aten::batch_norm", f"Autocast{dev}"),
+                    has_kernel("aten::binary_cross_entropy", f"Autocast{dev}"))
+              for dev in ("CPU", "CUDA", "XPU", "MPS")}
+    assert listed == {"CPU": (False, True), "CUDA": (False, True), "XPU": (False, True),
+                      "MPS": (True, False)}
