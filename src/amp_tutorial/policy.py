@@ -8,7 +8,9 @@ is the same either way (``bf16 + fp32 -> fp32`` is type promotion) is on no auto
 
 ``SOURCE_POLICY`` holds what PyTorch's ``aten/src/ATen/autocast_mode.cpp`` and ``autocast_mode.h``
 register for the probed ops on CPU and CUDA, so a lesson can compare the measurement on its device
-with the source, and show the other device's lists as source, not measurement. Used by lesson 01.
+with the source, and show the other device's lists as source, not measurement. ``header_rules``
+reads the CUDA/XPU lists from the installed torch's ``include/ATen/autocast_mode.h``, so that the
+CUDA column is checked without a GPU. Used by lesson 01 (and ``header_rules`` by lesson 05).
 """
 
 from __future__ import annotations
