@@ -49,6 +49,7 @@ from amp_tutorial.policy import (
     PROMOTE,
     SOURCE_POLICY,
     autocast_policy,
+    header_policy,
     ops_by_rule,
     policy_table,
     registered_ops,
@@ -260,10 +261,22 @@ differ
 # in whatever dtype they are given, bf16 included. The promote lists do not overlap at all: `cat`,
 # `stack` and `index_copy` on CPU, `addcmul`, `dot`, `index_put`, `scatter_add` and others on CUDA.
 # `binary_cross_entropy` runs in float32 on CPU and is refused on CUDA (lesson 05).
+#
+# These sentences read the source columns of the table, so the table is checked first. The CPU
+# column was checked above where this runs on a CPU (measured); the CUDA/XPU column is checked
+# here against the lists (`AT_FORALL_LOWER_PRECISION_FP`, `AT_FORALL_FP32`,
+# `AT_FORALL_FP32_SET_OPT_DTYPE`, `AT_FORALL_PROMOTE`) that the installed torch's
+# `include/ATen/autocast_mode.h` defines and `autocast_mode.cpp` registers for CUDA and XPU.
+# The ban on `binary_cross_entropy` is registered in `autocast_mode.cpp` itself, on none of them.
 
 # %%
-cuda_fp32 = ["exp", "log", "pow", "sum", "cumsum", "softmax", "layer_norm"]
 cpu_rules, cuda_rules = SOURCE_POLICY["cpu"], SOURCE_POLICY["cuda"]
+from_header = header_policy(policy)  # None where this torch build ships no C++ headers
+if from_header is not None:
+    assert from_header == {op: NO_RULE if rule == BANNED else rule
+                           for op, rule in cuda_rules.items()}, from_header
+    print("the cuda/xpu source column matches the installed torch's autocast_mode.h")
+cuda_fp32 = ["exp", "log", "pow", "sum", "cumsum", "softmax", "layer_norm"]
 assert all(cpu_rules[op] == NO_RULE and cuda_rules[op] in (FP32, FP32_OUT) for op in cuda_fp32)
 promote = {dev: {op for op, rule in rules.items() if rule == PROMOTE}
            for dev, rules in SOURCE_POLICY.items()}

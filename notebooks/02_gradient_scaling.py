@@ -399,13 +399,26 @@ adam_shrink = (one_step.loc[("Adam", ORDERS[0]), "update"]
                / one_step.loc[("Adam", ORDERS[1]), "update"])
 print(f"the right order's update is {sgd_shrink:.4g}x the wrong order's with SGD, "
       f"{adam_shrink:.3g}x with Adam")
-assert np.isclose(sgd_shrink, CLIP_SCALE, rtol=1e-2)  # SGD: the update is S times too small
+assert np.isclose(sgd_shrink, CLIP_SCALE, rtol=1e-2)  # clip fires either way: S times too small
 assert 0.8 < adam_shrink < 1.25  # Adam: about the same step
 
+# SGD with a clip meant for spikes (max_norm = 10 x the true norm): only the wrong order clips,
+# so its step is S * ||g|| / max_norm = S / 10 times too small, not S times.
+spike_sgd = {order: train_clipped(torch.optim.SGD, order, 10 * true_norm).iloc[0]
+             for order in ORDERS}
+spike_shrink = spike_sgd[ORDERS[0]]["update"] / spike_sgd[ORDERS[1]]["update"]
+print(f"SGD, max_norm = 10 x true norm: the right order's update is {spike_shrink:.4g}x the "
+      f"wrong order's (S / 10 = {CLIP_SCALE / 10:g})")
+assert np.isclose(spike_shrink, CLIP_SCALE / 10, rtol=1e-2)
+
 # %% [markdown]
-# With **SGD** the update is `lr * gradient`, so the S-times-too-small gradient gives an
-# S-times-too-small step: lr 1e-3 behaves like 1e-3 / S (1e-3 / 65536 at the default scale), the
-# run crawls, and nothing warns you. **Adam** divides each gradient by its own running RMS, so a
+# With **SGD** the update is `lr * gradient`, so the step shrinks exactly as the gradient did.
+# Clipping first hands the optimizer `max_norm / S` where the right order hands it
+# `min(||g||, max_norm)`: the step is `S * min(1, ||g|| / max_norm)` times too small (as long as
+# `S * ||g||` exceeds `max_norm`, so that the wrong-order clip fires at all). Above, where the clip
+# is meant to fire anyway, that is S: lr 1e-3 behaves like 1e-3 / S (1e-3 / 65536 at the default
+# scale). With a clip meant for spikes (`max_norm` 10 times `||g||`) it is S / 10, still a run
+# that crawls, and nothing warns you. **Adam** divides each gradient by its own running RMS, so a
 # gradient that is uniformly S times smaller gives almost the same step (only its `eps=1e-8`
 # term notices, once gradients get that small). The damage with Adam is elsewhere: the clip
 # measured `S` times the true norm, so it acted as if `max_norm` were `max_norm / S`.
@@ -472,7 +485,10 @@ print(f"gradients computed in {bf16_raw.dtype}; exactly zero: bf16 {zero_fractio
 assert bf16_raw.dtype == torch.bfloat16
 assert torch.finfo(torch.bfloat16).smallest_normal == torch.finfo(torch.float32).smallest_normal
 assert zero_fraction(bf16_raw) < zero_fraction(fp16_raw)
-assert zero_fraction(bf16_raw) <= zero_fraction(true_grads) + 1e-4  # no more zeros than fp32
+# About as many zeros as fp32: the zeros are ReLU's, not underflow. Rounding can flip the ReLU
+# mask of pre-activations near 0 (which ones depends on the hardware's kernels), so allow 1% of
+# the elements either way rather than demand an exact match.
+assert abs(zero_fraction(bf16_raw) - zero_fraction(true_grads)) <= 0.01
 assert true_grads[true_grads != 0].abs().min() > torch.finfo(torch.bfloat16).smallest_normal
 assert not info.needs_grad_scaler(torch.bfloat16)
 
@@ -489,7 +505,8 @@ assert not info.needs_grad_scaler(torch.bfloat16)
 #   before the step; it skips a step with inf/NaN gradients and backs the scale off, and grows it
 #   after `growth_interval` good steps. The defaults rarely need changing.
 # - Anything that touches `.grad` before the step, clipping first of all, comes after
-#   `scaler.unscale_(optimizer)`. Clipping scaled gradients makes SGD's steps S times too small;
+#   `scaler.unscale_(optimizer)`. Clipping scaled gradients makes SGD's steps
+#   `S * min(1, ||g|| / max_norm)` times too small (S when the clip would fire anyway);
 #   with Adam the steps keep their size, but the clip acts at `max_norm / S` and fires on every
 #   step.
 # - bf16 has fp32's range: no scaler needed.

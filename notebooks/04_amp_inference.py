@@ -115,7 +115,12 @@ for name, infer in candidates.items():
 
 # %% [markdown]
 # `layer outputs` adds up the bytes of every layer's output in one forward pass: the activations
-# that inference has to hold, at least one at a time. Under autocast each of them is 16-bit.
+# that inference has to hold, at least one at a time. On CPU, CUDA (and ROCm) and XPU each of them
+# is 16-bit under autocast: the convolutions are lowered, and BatchNorm and ReLU are on no list
+# there, so they keep their 16-bit input. MPS differs: its autocast puts `batch_norm` on its
+# fp32 list (`KERNEL_MPS(batch_norm, fp32)` in `aten/src/ATen/autocast_mode.cpp`), so there the
+# BatchNorm outputs and the ReLUs after them stay fp32, and only the convolution outputs shrink:
+# about (1/2 + 1 + 1) / 3 = 0.83 of fp32's bytes instead of one half.
 
 # %%
 base = runs[baseline_name]
@@ -138,10 +143,13 @@ for name, r in runs.items():
         continue
     assert r["dtype"] != torch.float32, "autocast output should be in the lower precision"
     ratio = r["layer outputs"] / base["layer outputs"]
-    assert ratio <= 0.55, f"{name}: activations are {ratio:.2f} of fp32's, expected about half"
+    # MPS keeps BatchNorm (and so the ReLU after it) in fp32: about 0.83 there, see above
+    expected = 0.9 if info.type == "mps" else 0.55
+    assert ratio <= expected, f"{name}: activations {ratio:.2f} of fp32's, expected <= {expected}"
     error = results.loc[name, "max |prediction - fp32|"]
     assert error < 0.1, f"{name}: predictions differ from fp32 by {error:.3f}"
-print("AMP halves the activation bytes, and its predictions match fp32 to within 0.1 "
+saving = "shrinks (BatchNorm stays fp32 on MPS)" if info.type == "mps" else "halves"
+print(f"AMP {saving} the activation bytes, and its predictions match fp32 to within 0.1 "
       "(targets span 0 to 1).")
 
 # %%
@@ -162,7 +170,9 @@ fig = plot_outputs(images, "Predictions served in fp32 and under autocast")
 # listed above) and concluded that inference gains less because it has no backward pass. That is
 # not a rule. Measured on a 2-core Xeon with AMX at the `cpu` preset, bf16 inference was 2.5x to
 # 10.8x faster than fp32, more than training's 2.6x to 3.4x (README, "The benchmark"); on a CPU
-# without native bf16 (no AVX512-BF16 or AMX) it is slower than fp32. What decides it is whether
+# without native bf16 (no AVX512-BF16 or AMX on x86, no BF16 extension on Arm: the flags
+# `amp_tutorial.device` looks for) bf16 is emulated and usually slower than fp32, though how much
+# depends on the kernels of your torch build, so measure it. What decides it is whether
 # the hardware computes in 16-bit natively, and then how much of the forward pass is convolution
 # or matmul (lowered) rather than fixed costs (launches, BatchNorm, casting the fp32 weights to
 # 16-bit on every call). Under `inference_mode` nothing is saved for backward, so the memory
@@ -180,7 +190,6 @@ for name in runs:
         if info.type == "cpu" and info.native_bf16 is False and "bf16" in name:
             how += " (this CPU has no native bf16, see the device line at the top)"
     print(f"{name} inference on {info.name}, preset {preset.name}: {how}")
-    assert ("faster" in how) == (gain > 1)  # the sentence follows this run's numbers
 
 # %% [markdown]
 #

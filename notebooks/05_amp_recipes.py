@@ -45,6 +45,7 @@ from amp_tutorial.ddp import parameter_hash
 from amp_tutorial.device import dtype_name, tf32_state
 from amp_tutorial.measure import saved_activation_bytes
 from amp_tutorial.nonfinite import NonFiniteLossError, check_finite_loss, first_nonfinite_module
+from amp_tutorial.policy import FP32, FP32_OUT, header_rules
 
 info = select_device()
 preset = get_preset(device_type=info.type)
@@ -347,9 +348,13 @@ assert scaler.get_scale() == 2.0**9
 # %% [markdown]
 # ## 5. Numerically sensitive regions and custom losses
 #
-# Autocast decides per op: matmuls and convolutions run in low precision, reductions, `exp`,
-# `log`, losses and norms in fp32 (on CUDA; the CPU list differs, see lesson 01). Your own code
-# can need more care. Two tools:
+# Autocast decides per op. On CUDA (and XPU) matmuls and convolutions run in low precision;
+# `sum`, `prod`, `cumsum`, `cumprod`, `softmax`, `log_softmax` and the `linalg` vector and matrix
+# norms return fp32 (unless you pass a `dtype=`); `exp`, `log`, `pow`, `logsumexp`, most losses
+# and `layer_norm`, `group_norm`, `rms_norm` run in fp32. Other reductions, `mean`, `max`,
+# `amax`, `var` and `std` among them, are on no list and stay in the dtype they are given. The
+# CPU list differs (lesson 01), and so does MPS's (it keeps `batch_norm` in fp32, lesson 04).
+# Your own code can need more care. Two tools:
 #
 # - `torch.autocast(device_type, enabled=False)` **inside** an autocast region turns autocasting
 #   off for a block. Tensors coming in keep their dtype (bf16/fp16), so cast them explicitly with
@@ -358,6 +363,15 @@ assert scaler.get_scale() == 2.0**9
 #   computed and stored in fp32 and keep their precision.
 
 # %%
+rules = header_rules()  # the CUDA/XPU lists of the installed torch's autocast_mode.h
+if rules is not None:
+    fp32_out = {"sum", "prod", "cumsum", "cumprod", "softmax.int", "log_softmax.int",
+                "linalg_vector_norm", "linalg_matrix_norm"}
+    assert all(rules[op] == FP32_OUT for op in fp32_out)
+    assert all(rules[op] == FP32 for op in ("exp", "log", "logsumexp", "layer_norm", "mse_loss"))
+    assert not {"mean", "max", "amax", "var", "std"} & set(rules)  # on no list
+    print("reductions with an fp32 output on CUDA/XPU:", ", ".join(sorted(fp32_out)))
+
 model = amp_model  # the AMP-trained model from section 1
 model.eval()
 with torch.autocast(info.type, dtype=amp_dtype):
@@ -370,7 +384,10 @@ with torch.autocast(info.type, dtype=amp_dtype):
     prediction = model.layers[-1](features)
 model.train()
 print(f"features {features.dtype}, gram {gram.dtype}, prediction {prediction.dtype}")
-assert features.dtype == amp_dtype and prediction.dtype == amp_dtype
+# the features end in BatchNorm + ReLU: 16-bit, except on MPS, whose autocast runs batch_norm
+# in fp32 (lesson 04)
+assert features.dtype == (torch.float32 if info.type == "mps" else amp_dtype)
+assert prediction.dtype == amp_dtype
 assert gram.dtype == torch.float32 and gram.isfinite().all()
 
 
@@ -398,8 +415,11 @@ assert unsafe.dtype == amp_dtype  # about 2.4 (bf16) or 3.3 (fp16) significant d
 # On CUDA (and ROCm) and on Intel XPU, autocast refuses `F.binary_cross_entropy` / `nn.BCELoss`
 # outright with a `RuntimeError`: both register `binary_cross_entropy_banned` for the op in
 # PyTorch's `aten/src/ATen/autocast_mode.cpp`. The CPU's autocast puts it on its fp32 list
-# instead and runs it in fp32 (measured below when this runs on a CPU). Either way the
-# trouble starts one op earlier: a sigmoid computed in low precision rounds probabilities close
+# instead and runs it in fp32 (measured below when this runs on a CPU). MPS does neither: its
+# autocast registers nothing for `binary_cross_entropy`, so there it runs unprotected in fp16 or
+# bf16, on whatever dtype it is given (and fails on 16-bit probabilities with fp32 targets, which
+# is why the cell passes the targets in the probabilities' dtype). Either way the trouble starts
+# one op earlier: a sigmoid computed in low precision rounds probabilities close
 # to 1 to exactly 1.0, and the BCE of a wrong prediction of 1.0 is `-log(0)`. PyTorch clamps
 # that log at -100, so instead of a large loss and a useful gradient you get a flat 100.
 # `binary_cross_entropy_with_logits` takes the logits, fuses sigmoid and log into one stable
@@ -410,7 +430,8 @@ model = new_model()
 with torch.autocast(info.type, dtype=amp_dtype):
     logits = model(inputs)
     try:
-        bce = F.binary_cross_entropy(torch.sigmoid(logits), targets)
+        probabilities = torch.sigmoid(logits)
+        bce = F.binary_cross_entropy(probabilities, targets.to(probabilities.dtype))
         refusal = None
     except RuntimeError as err:
         refusal = err
@@ -424,6 +445,8 @@ else:
     print(f"{info.type} autocast ran binary_cross_entropy in {bce.dtype} (no refusal here)")
     if info.type == "cpu":
         assert bce.dtype == torch.float32  # the CPU policy runs it in fp32
+    if info.type == "mps":
+        assert bce.dtype == amp_dtype  # on no MPS list: runs in 16-bit, unprotected
 print(f"binary_cross_entropy_with_logits under autocast: {bce_logits.item():.4f} "
       f"({bce_logits.dtype})")
 assert bce_logits.dtype == torch.float32 and bce_logits.isfinite()
@@ -550,8 +573,9 @@ migration = pd.DataFrame([
     ('Apex: opt_level="O2" ("almost fp16": fp16 model, fp32 master weights, fp32 BatchNorm)',
      "closest: FSDP's MixedPrecision(param_dtype=..., reduce_dtype=...) (fully_shard: "
      "MixedPrecisionPolicy): 16-bit compute per module, fp32 sharded weights for the optimizer"),
-    ('Apex: opt_level="O3" (pure fp16 training: model.half(), no master weights)',
-     "model.to(torch.bfloat16) with no scaler; pure fp16 + GradScaler raises (below)"),
+    ('Apex: opt_level="O3" (pure fp16: model.half(), no master weights; a speed baseline)',
+     "fp32 weights + torch.autocast (O1's replacement). Pure 16-bit weights lose small updates "
+     "(lesson 09); pure fp16 + GradScaler raises (below)"),
     ("Apex: with amp.scale_loss(loss, opt) as scaled: scaled.backward()",
      "scaler.scale(loss).backward(); scaler.step(opt); scaler.update()"),
     ("Apex: clip_grad_norm_(amp.master_params(opt), max_norm)",
@@ -563,10 +587,18 @@ migration.style.hide(axis="index").set_properties(**{"text-align": "left"})
 
 # %% [markdown]
 # Apex is not installed here, so its rows are a table only (the O levels are from Apex's
-# `apex.amp` documentation: O1 mixed precision, O2 "almost fp16", O3 fp16 training). One O3 habit
-# fails loudly in torch.amp: a model made `.half()` has fp16 gradients, and `GradScaler` refuses to
-# unscale them, because dividing fp16 gradients by the scale would underflow them again. Pure
-# 16-bit training is done in bfloat16 (no scaler), or with fp32 weights and autocast.
+# `apex.amp` documentation: O1 mixed precision, O2 "almost fp16", O3 pure fp16, which that
+# documentation offers as a speed baseline that may not train stably). O3 has no modern
+# equivalent to aim for: its weights are 16-bit, so an update smaller than about 1/256 (bf16) or
+# 1/2048 (fp16) of a weight rounds away and the weight never moves (lesson 09 measures it). The
+# modern replacement is fp32 weights with autocast; pure bf16 weights (`model.to(torch.bfloat16)`,
+# no scaler) run, with that same caveat. One O3 habit fails loudly in torch.amp: a model made
+# `.half()` has fp16 gradients, and `GradScaler.step` refuses to unscale them (`unscale_` is called
+# with `allow_fp16=False` in `torch/amp/grad_scaler.py`; FSDP's `ShardedGradScaler` passes
+# `allow_fp16=True`). The scaler is built for fp32 master gradients: it divides them by the scale
+# in place, in their own dtype, so the small true values it gives back fit in fp32 however far
+# below fp16's range they are, and the step that follows updates fp32 weights, so small updates
+# survive. With fp16 gradients and weights neither holds.
 
 # %%
 half_model = nn.Linear(4, 1).to(info.device).half()  # Apex O3 style: fp16 weights, fp16 grads

@@ -1,6 +1,8 @@
 """Device selection: the right device, a clear error for one that is missing, honest dtypes."""
 
 import inspect
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -8,6 +10,7 @@ import torch
 from amp_tutorial.device import (
     DEVICE_ENV,
     DeviceNotAvailableError,
+    _supported_amp_dtypes,
     available_devices,
     cpu_bf16_flags,
     describe_device,
@@ -128,6 +131,26 @@ def test_strict_fp32_switch_uses_the_installed_api(restore_tf32):
         assert torch.backends.cuda.matmul.fp32_precision == "ieee"
     set_strict_fp32(False)
     assert tf32_state() == {"convolutions": True, "matmuls": False}
+
+
+def test_non_strict_restores_what_a_fresh_process_starts_with(restore_tf32):
+    if not has_fp32_precision_api():
+        pytest.skip("this torch has no fp32_precision settings")
+    read = ("import torch; b = torch.backends; "
+            "print(b.cudnn.conv.fp32_precision, b.cuda.matmul.fp32_precision)")
+    fresh = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True,
+                           check=True).stdout.split()
+    set_strict_fp32(True)
+    set_strict_fp32(False)
+    now = [torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision]
+    assert now == fresh  # "tf32" and "none" (inherit) on torch 2.14, not "ieee" for matmuls
+
+
+@pytest.mark.parametrize("supported", [True, False])
+def test_xpu_offers_bf16_only_where_torch_xpu_says_so(monkeypatch, supported):
+    monkeypatch.setattr(torch.xpu, "is_bf16_supported", lambda *a, **k: supported, raising=False)
+    dtypes = _supported_amp_dtypes(torch.device("xpu"))
+    assert (torch.bfloat16 in dtypes) is supported and torch.float16 in dtypes
 
 
 def test_fp32_precision_api_detected_by_torch_version():

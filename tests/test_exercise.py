@@ -328,3 +328,15 @@ def test_problem_is_repeatable_and_leaves_global_rng_alone() -> None:
     assert all(torch.equal(a, b) for a, b in zip(model_a.parameters(), model_b.parameters(),
                                                    strict=True))
     assert torch.equal(data_a[0][0], data_b[0][0])
+
+
+def test_zeroed_before_step_message_quotes_what_torch_raises() -> None:
+    """set_to_none=True: scaler.step raises, and the message quotes torch's own words for it."""
+    result = check_train_with_amp(WRONG["zeroed between backward and step"])
+    raised = next(p.message for p in result.problems if p.key == exercise.RAISED)
+    said = next(p.message for p in result.problems
+                if p.key == exercise.GRADS_ZEROED_BEFORE_STEP)
+    assert "No inf checks were recorded for this optimizer." in raised
+    assert "No inf checks were recorded for this optimizer." in said
+    silent = check_train_with_amp(WRONG["zeroed (to zeros) between backward and step"])
+    assert exercise.RAISED not in silent.keys  # set_to_none=False: no error, a silent step

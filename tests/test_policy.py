@@ -15,6 +15,8 @@ from amp_tutorial.policy import (
     Outcome,
     _verdict,
     autocast_policy,
+    header_policy,
+    header_rules,
     ops_by_rule,
     policy_table,
     registered_ops,
@@ -150,3 +152,41 @@ def test_trace_dtypes_sees_the_casts_autocast_inserts():
     assert ops[-1] == ("native_layer_norm", "bf16")  # on CPU layer_norm keeps its input dtype
     plain = trace_dtypes(lambda: layer(x))  # no autocast: no casts, fp32 throughout
     assert all(t.output == "fp32" for t in plain) and "_to_copy" not in [t.op for t in plain]
+
+
+def _header_or_skip() -> dict[str, str]:
+    rules = header_rules()
+    if rules is None:
+        pytest.skip("this torch build ships no include/ATen/autocast_mode.h")
+    return rules
+
+
+@pytest.mark.parametrize("device_type", ["cuda", "xpu"])
+def test_gpu_source_columns_match_the_installed_header(cpu_rows, device_type):
+    """SOURCE_POLICY's CUDA/XPU rules are the AT_FORALL_* lists of this torch's autocast_mode.h
+    (the ban on binary_cross_entropy lives in autocast_mode.cpp, so the header lists it nowhere)."""
+    _header_or_skip()
+    expected = {op: NO_RULE if rule == BANNED else rule
+                for op, rule in SOURCE_POLICY[device_type].items()}
+    assert header_policy(list(cpu_rows.values())) == expected
+
+
+def test_header_parser_reads_overloads_and_every_list():
+    rules = _header_or_skip()
+    assert rules["softmax.int"] == rules["sum"] == FP32_OUT and rules["pow.Tensor_Scalar"] == FP32
+    assert rules["linear"] == LOWERED and rules["scatter_add"] == PROMOTE
+    assert {FP32, FP32_OUT, LOWERED, PROMOTE} == set(rules.values())
+    # reductions that keep their input dtype under CUDA autocast (lesson 05 names them)
+    assert not {"mean", "max", "amax", "min", "var", "std"} & set(rules)
+
+
+def test_mps_lists_differ_where_lessons_04_and_05_say():
+    """MPS autocast has a batch_norm kernel (fp32 list) and none for binary_cross_entropy."""
+    has_kernel = getattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", None)
+    if has_kernel is None:
+        pytest.skip("this torch has no _dispatch_has_kernel_for_dispatch_key")
+    listed = {dev: (has_kernel("aten::batch_norm", f"Autocast{dev}"),
+                    has_kernel("aten::binary_cross_entropy", f"Autocast{dev}"))
+              for dev in ("CPU", "CUDA", "XPU", "MPS")}
+    assert listed == {"CPU": (False, True), "CUDA": (False, True), "XPU": (False, True),
+                      "MPS": (True, False)}

@@ -2,8 +2,10 @@
 
 CUDA and ROCm share the ``cuda`` device type; ROCm is recognised by ``torch.version.hip``.
 Set ``AMP_TUTORIAL_DEVICE`` (``cuda``, ``cuda:1``, ``mps``, ``xpu`` or ``cpu``) to override the
-choice. bfloat16 is offered where the hardware computes it natively; the description says why
-where it is not (an emulated bf16 runs, but slowly).
+choice. On CUDA, ROCm and XPU bfloat16 is offered only where the GPU supports it (natively on
+CUDA); on MPS from torch 2.6 and macOS 14. On the CPU it is always offered (it is CPU autocast's
+default dtype), native or not: ``native_bf16`` and the description say which, because an
+emulated bf16 runs, but usually slower than fp32.
 """
 
 from __future__ import annotations
@@ -124,6 +126,9 @@ def _supported_amp_dtypes(device: torch.device) -> tuple[torch.dtype, ...]:
             dtypes.append(torch.bfloat16)
         return tuple(dtypes)
     if device.type == "xpu":
+        is_bf16 = getattr(torch.xpu, "is_bf16_supported", None)
+        if is_bf16 is not None and not is_bf16():
+            return (torch.float16,)
         return (torch.bfloat16, torch.float16)
     # CPU autocast also accepts float16, but bfloat16 is the CPU's fast path (AVX512-BF16 / AMX).
     return (torch.bfloat16,)
@@ -280,11 +285,12 @@ def set_strict_fp32(strict: bool = True) -> None:
 
     Uses ``torch.backends.cudnn.conv.fp32_precision`` / ``torch.backends.cuda.matmul
     .fp32_precision`` where torch has them (mixing them with ``allow_tf32`` raises), else
-    ``allow_tf32``.
+    ``allow_tf32``. Not strict restores the values a fresh process starts with: ``"tf32"`` for
+    cuDNN convolutions and ``"none"`` (inherit the generic setting, which is ieee) for matmuls.
     """
     if has_fp32_precision_api():
         torch.backends.cudnn.conv.fp32_precision = "ieee" if strict else "tf32"
-        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cuda.matmul.fp32_precision = "ieee" if strict else "none"
         return
     torch.backends.cudnn.allow_tf32 = not strict
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -392,9 +392,9 @@ def _process_problems(spy: _Spy, scenario: Scenario, error: BaseException | None
             f"{len(spy.scalers)} different GradScaler objects scaled the losses of one "
             f"training run ({c['backward']} backward calls). The scaler's state (the current "
             "scale and its count of good steps) must carry over from step to step: a new "
-            "scaler starts again at 65536 and never learns the scale, so it cannot back off "
-            "for good after an overflow or grow after good steps. Create one GradScaler "
-            "before the loops and reuse it."))
+            "scaler starts again at its init_scale (65536 unless you pass another) and never "
+            "learns the scale, so it cannot back off for good after an overflow or grow after "
+            "good steps. Create one GradScaler before the loops and reuse it."))
     if scaler_used and c["iterations_without_update"]:
         found.append(Problem(NO_SCALER_UPDATE,
             f"scaler.update() is missing: {c['iterations_without_update']} iterations called "
@@ -405,13 +405,16 @@ def _process_problems(spy: _Spy, scenario: Scenario, error: BaseException | None
         found.append(Problem(GRADS_NOT_ZEROED,
             f"Gradients were not zeroed between steps ({c['backward_not_zeroed']} backward "
             "calls added to the previous step's gradients). Call optimizer.zero_grad() "
-            "(set_to_none either way) once per step, before backward."))
+            "once per step, before backward (set_to_none=True or False, both reset them)."))
     if c["zeroed_before_step"]:
         found.append(Problem(GRADS_ZEROED_BEFORE_STEP,
             f"The gradients were zeroed after backward() and before the optimizer step "
-            f"({c['zeroed_before_step']} iterations), so the step had no gradients to use "
-            "(with a GradScaler in float16, scaler.step then finds nothing to unscale and "
-            "raises). Zero them at the start of the iteration, before the forward pass, or "
+            f"({c['zeroed_before_step']} iterations), so the step had no gradients to use. "
+            "With a GradScaler in float16 and zero_grad(set_to_none=True), the gradients are "
+            "None, scaler.step finds nothing to unscale and raises (\"No inf checks were "
+            "recorded for this optimizer.\"); with set_to_none=False it raises nothing and "
+            "steps on all-zero gradients, silently (SGD does not move, Adam still moves by its "
+            "momentum). Zero them at the start of the iteration, before the forward pass, or "
             "after scaler.update(); never between backward and step."))
     if c["modified_before_unscale"]:
         found.append(Problem(CLIP_BEFORE_UNSCALE,

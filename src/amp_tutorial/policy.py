@@ -8,15 +8,19 @@ is the same either way (``bf16 + fp32 -> fp32`` is type promotion) is on no auto
 
 ``SOURCE_POLICY`` holds what PyTorch's ``aten/src/ATen/autocast_mode.cpp`` and ``autocast_mode.h``
 register for the probed ops on CPU and CUDA, so a lesson can compare the measurement on its device
-with the source, and show the other device's lists as source, not measurement. Used by lesson 01.
+with the source, and show the other device's lists as source, not measurement. ``header_rules``
+reads the CUDA/XPU lists from the installed torch's ``include/ATen/autocast_mode.h``, so that the
+CUDA column is checked without a GPU. Used by lesson 01 (and ``header_rules`` by lesson 05).
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -239,6 +243,54 @@ def registered_ops(rows: list[OpPolicy], device_type: str) -> dict[str, bool] | 
         return None
     key = f"Autocast{device_type.upper()}"
     return {r.op: bool(has_kernel(r.aten, key)) for r in rows}
+
+
+# The lists of autocast_mode.h that CUDA (and ROCm) and XPU register, with the rule of each.
+# binary_cross_entropy's ban is registered in autocast_mode.cpp, so it is in none of them.
+HEADER_LISTS = {
+    "AT_FORALL_LOWER_PRECISION_FP": LOWERED,
+    "AT_FORALL_FP32": FP32,
+    "AT_FORALL_FP32_SET_OPT_DTYPE": FP32_OUT,
+    "AT_FORALL_PROMOTE": PROMOTE,
+}
+
+
+def autocast_header() -> Path | None:
+    """The installed torch's ``include/ATen/autocast_mode.h``; None where the build has none."""
+    path = Path(torch.__file__).parent / "include" / "ATen" / "autocast_mode.h"
+    return path if path.is_file() else None
+
+
+def header_rules(path: Path | None = None) -> dict[str, str] | None:
+    """aten op ("sum", "softmax.int") -> rule, read from the ``AT_FORALL_*`` lists of the header.
+
+    An entry ``_(name, overload)`` becomes ``name.overload``. None where there is no header.
+    Used by lesson 01 to check ``SOURCE_POLICY``'s CUDA/XPU columns against the installed torch.
+    """
+    path = path or autocast_header()
+    if path is None:
+        return None
+    text = path.read_text()
+    rules: dict[str, str] = {}
+    for macro, rule in HEADER_LISTS.items():
+        body = re.search(rf"#define {macro}\(_\)\s*\\\n((?:[^\n]*\\\n)*[^\n]*)", text)
+        if body is None:
+            raise ValueError(f"{macro} not found in {path}")
+        for name, overload in re.findall(r"_\((\w+)(?:,\s*(\w+))?\)", body.group(1)):
+            rules[f"{name}.{overload}" if overload else name] = rule
+    return rules
+
+
+def header_policy(rows: list[OpPolicy], path: Path | None = None) -> dict[str, str] | None:
+    """The rule the header's CUDA/XPU lists give each probed op (its overload, else its name)."""
+    rules = header_rules(path)
+    if rules is None:
+        return None
+    found = {}
+    for r in rows:
+        full = r.aten.removeprefix("aten::")
+        found[r.op] = rules.get(full, rules.get(full.split(".")[0], NO_RULE))
+    return found
 
 
 def policy_table(rows: list[OpPolicy], low: torch.dtype | None = None) -> list[dict[str, str]]:
