@@ -1,0 +1,288 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 · Custom precision: fp32 regions, custom losses and autograd functions, validation
+#
+# Autocast picks a dtype per op from its lists (lesson 01). This lesson is about the code those
+# lists do not know: your own numerically sensitive math, your own loss, your own
+# `torch.autograd.Function`, and the evaluation loop. It builds on the training loop of lessons 03
+# and 05 and uses the same model and problem.
+#
+# On a CPU, autocast runs in bfloat16; on NVIDIA and AMD GPUs, float16. Seeds are fixed
+# (`torch.manual_seed`), so every run of this notebook starts from the same weights.
+
+# %%
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from amp_tutorial.data import make_problem
+from amp_tutorial.device import describe_device, dtype_name, select_device
+from amp_tutorial.models import ConvModel
+from amp_tutorial.policy import FP32, FP32_OUT, header_rules
+from amp_tutorial.presets import get_preset
+
+info = select_device()
+preset = get_preset(device_type=info.type)
+amp_dtype = info.amp_dtype
+assert amp_dtype is not None, f"{info.device} has no usable AMP with this torch; try the CPU"
+print(describe_device(info))
+print(f"preset {preset.name!r}: grid {preset.grid}, hidden {preset.hidden}, {preset.steps} steps")
+
+inputs, targets = make_problem(preset.grid, info.device)
+loss_fn = nn.MSELoss()
+
+
+def new_model(seed: int = 0) -> nn.Module:
+    """The lesson-03 model, freshly initialised from ``seed``."""
+    torch.manual_seed(seed)
+    return ConvModel(preset.hidden, preset.n_hidden_layers).to(info.device)
+
+
+# %% [markdown]
+# The sections below work on a trained model, so first the AMP loop of lesson 03 trains one for the
+# preset's number of steps (the scaler is on only where the dtype needs it, float16).
+
+# %%
+amp_model = new_model()
+optimizer = torch.optim.Adam(amp_model.parameters(), lr=1e-3)
+scaler = torch.amp.GradScaler(info.type, enabled=info.needs_grad_scaler(amp_dtype))
+amp_losses = []
+for _ in range(preset.steps):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(info.type, dtype=amp_dtype):
+        loss = loss_fn(amp_model(inputs), targets)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    amp_losses.append(loss.item())
+print(f"AMP ({dtype_name(amp_dtype)}): loss {amp_losses[0]:.4f} -> {amp_losses[-1]:.4f}")
+assert amp_losses[-1] < amp_losses[0]
+
+# %% [markdown]
+# ## 1. Numerically sensitive regions and custom losses
+#
+# Autocast decides per op. On CUDA (and XPU) matmuls and convolutions run in low precision;
+# `sum`, `prod`, `cumsum`, `cumprod`, `softmax`, `log_softmax` and the `linalg` vector and matrix
+# norms return fp32 (unless you pass a `dtype=`); `exp`, `log`, `pow`, `logsumexp`, most losses
+# and `layer_norm`, `group_norm`, `rms_norm` run in fp32. Other reductions, `mean`, `max`,
+# `amax`, `var` and `std` among them, are on no list and stay in the dtype they are given. The
+# CPU list differs (lesson 01), and so does MPS's (it keeps `batch_norm` in fp32, lesson 04).
+# Your own code can need more care. Two tools:
+#
+# - `torch.autocast(device_type, enabled=False)` **inside** an autocast region turns autocasting
+#   off for a block. Tensors coming in keep their dtype (bf16/fp16), so cast them explicitly with
+#   `.float()`; mixing dtypes in a matmul would fail;
+# - a custom loss that casts its inputs to fp32 first, so the reduction and the final value are
+#   computed and stored in fp32 and keep their precision.
+
+# %%
+rules = header_rules()  # the CUDA/XPU lists of the installed torch's autocast_mode.h
+if rules is not None:
+    fp32_out = {"sum", "prod", "cumsum", "cumprod", "softmax.int", "log_softmax.int",
+                "linalg_vector_norm", "linalg_matrix_norm"}
+    assert all(rules[op] == FP32_OUT for op in fp32_out)
+    assert all(rules[op] == FP32 for op in ("exp", "log", "logsumexp", "layer_norm", "mse_loss"))
+    assert not {"mean", "max", "amax", "var", "std"} & set(rules)  # on no list
+    print("reductions with an fp32 output on CUDA/XPU:", ", ".join(sorted(fp32_out)))
+
+model = amp_model  # the AMP-trained model from above
+model.eval()
+with torch.autocast(info.type, dtype=amp_dtype):
+    features = model.layers[:-1](inputs)  # everything before the last 1x1 conv
+    with torch.autocast(info.type, enabled=False):
+        # A Gram matrix over all pixels (a style-loss ingredient): sums of products of many
+        # values, which we want in fp32. Without the cast it would run in the features' dtype.
+        flat = features.float().flatten(2)
+        gram = flat @ flat.transpose(1, 2) / flat.shape[-1]
+    prediction = model.layers[-1](features)
+model.train()
+print(f"features {features.dtype}, gram {gram.dtype}, prediction {prediction.dtype}")
+# the features end in BatchNorm + ReLU: 16-bit, except on MPS, whose autocast runs batch_norm
+# in fp32 (lesson 04)
+assert features.dtype == (torch.float32 if info.type == "mps" else amp_dtype)
+assert prediction.dtype == amp_dtype
+assert gram.dtype == torch.float32 and gram.isfinite().all()
+
+
+def mse_in_fp32(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """A custom loss that is safe under autocast: cast first, then compute and reduce in fp32."""
+    return (prediction.float() - target.float()).pow(2).mean()
+
+
+def mse_in_input_dtype(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The unsafe version: the loss is computed and stored in the prediction's dtype."""
+    return (prediction - target.to(prediction.dtype)).pow(2).mean()
+
+
+reference = F.mse_loss(prediction.float(), targets)
+safe, unsafe = mse_in_fp32(prediction, targets), mse_in_input_dtype(prediction, targets)
+eps = torch.finfo(amp_dtype).eps
+print(f"reference {reference.item():.8f}; fp32 loss {safe.item():.8f} ({safe.dtype}); "
+      f"{dtype_name(amp_dtype)} loss {unsafe.item():.8f} ({unsafe.dtype}, eps {eps:.1e})")
+assert safe.dtype == torch.float32 and torch.allclose(safe, reference, rtol=1e-6)
+assert unsafe.dtype == amp_dtype  # about 2.4 (bf16) or 3.3 (fp16) significant digits
+
+# %% [markdown]
+# ### Why `binary_cross_entropy` is refused, and `binary_cross_entropy_with_logits` is the fix
+#
+# On CUDA (and ROCm) and on Intel XPU, autocast refuses `F.binary_cross_entropy` / `nn.BCELoss`
+# outright with a `RuntimeError`: both register `binary_cross_entropy_banned` for the op in
+# PyTorch's `aten/src/ATen/autocast_mode.cpp`. The CPU's autocast puts it on its fp32 list
+# instead and runs it in fp32 (measured below when this runs on a CPU). MPS does neither: its
+# autocast registers nothing for `binary_cross_entropy`, so there it runs unprotected in fp16 or
+# bf16, on whatever dtype it is given (and fails on 16-bit probabilities with fp32 targets, which
+# is why the cell passes the targets in the probabilities' dtype). Either way the trouble starts
+# one op earlier: a sigmoid computed in low precision rounds probabilities close
+# to 1 to exactly 1.0, and the BCE of a wrong prediction of 1.0 is `-log(0)`. PyTorch clamps
+# that log at -100, so instead of a large loss and a useful gradient you get a flat 100.
+# `binary_cross_entropy_with_logits` takes the logits, fuses sigmoid and log into one stable
+# formula, and autocast runs it in fp32 on every device.
+
+# %%
+model = new_model()
+with torch.autocast(info.type, dtype=amp_dtype):
+    logits = model(inputs)
+    try:
+        probabilities = torch.sigmoid(logits)
+        bce = F.binary_cross_entropy(probabilities, targets.to(probabilities.dtype))
+        refusal = None
+    except RuntimeError as err:
+        refusal = err
+    bce_logits = F.binary_cross_entropy_with_logits(logits, targets)
+
+if refusal is not None:
+    print(f"{info.type} autocast refused it:\n  RuntimeError: {refusal}")
+    assert "unsafe to autocast" in str(refusal)
+    assert "binary_cross_entropy_with_logits" in str(refusal)
+else:
+    print(f"{info.type} autocast ran binary_cross_entropy in {bce.dtype} (no refusal here)")
+    if info.type == "cpu":
+        assert bce.dtype == torch.float32  # the CPU policy runs it in fp32
+    if info.type == "mps":
+        assert bce.dtype == amp_dtype  # on no MPS list: runs in 16-bit, unprotected
+print(f"binary_cross_entropy_with_logits under autocast: {bce_logits.item():.4f} "
+      f"({bce_logits.dtype})")
+assert bce_logits.dtype == torch.float32 and bce_logits.isfinite()
+bce_logits.backward()  # and it trains
+
+# The underlying problem: a confident wrong prediction, logit 12, true label 0.
+logit, label = torch.tensor([12.0]), torch.tensor([0.0])
+p_low = torch.sigmoid(logit.to(amp_dtype))
+via_probability = F.binary_cross_entropy(p_low.float(), label)
+via_logits = F.binary_cross_entropy_with_logits(logit, label)
+print(f"sigmoid(12) in {dtype_name(amp_dtype)} = {p_low.item()}; BCE from that probability "
+      f"{via_probability.item():.1f}; BCE from the logit {via_logits.item():.6f}")
+assert p_low.item() == 1.0 and via_probability.item() == 100.0  # clamped -log(0)
+assert torch.allclose(via_logits, torch.tensor(12.0), atol=1e-4)
+
+# %% [markdown]
+# ## 2. Custom autograd functions: `torch.amp.custom_fwd` and `custom_bwd`
+#
+# Inside an autocast region, a custom `torch.autograd.Function` receives whatever dtypes the ops
+# before it produced, and its `backward` runs later, outside the region. Two decorators make it
+# behave:
+#
+# - `@torch.amp.custom_fwd(device_type=..., cast_inputs=torch.float32)` on `forward`: inside an
+#   autocast region, floating-point inputs are cast to fp32 and `forward` runs with autocast
+#   **off** (without `cast_inputs`, `forward` runs under the caller's autocast state);
+# - `@torch.amp.custom_bwd(device_type=...)` on `backward`: it runs with the same autocast state
+#   as `forward` had.
+#
+# The example is a log-cosh loss, written in the stable form `|x| + log1p(exp(-2|x|)) - log 2`
+# with the analytic gradient `tanh(x)`; it records the dtypes and autocast state it sees.
+
+# %%
+class LogCosh(torch.autograd.Function):
+    """mean(log(cosh(prediction - target))), computed in fp32 whatever autocast is doing."""
+
+    seen: dict = {}
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type=info.type, cast_inputs=torch.float32)
+    def forward(ctx, prediction, target):
+        LogCosh.seen["forward"] = (prediction.dtype, torch.is_autocast_enabled(info.type))
+        diff = prediction - target
+        ctx.save_for_backward(diff)
+        per_pixel = diff.abs() + torch.log1p(torch.exp(-2 * diff.abs())) - torch.log(
+            torch.tensor(2.0, device=diff.device))
+        return per_pixel.mean()
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type=info.type)
+    def backward(ctx, grad_output):
+        (diff,) = ctx.saved_tensors
+        LogCosh.seen["backward"] = (grad_output.dtype, torch.is_autocast_enabled(info.type))
+        grad = grad_output * torch.tanh(diff) / diff.numel()
+        return grad, -grad
+
+
+model = new_model()
+with torch.autocast(info.type, dtype=amp_dtype):
+    prediction = model(inputs)
+    loss = LogCosh.apply(prediction, targets)
+loss.backward()
+print(f"prediction {prediction.dtype}; forward saw {LogCosh.seen['forward']}, backward saw "
+      f"{LogCosh.seen['backward']} (dtype, autocast enabled); loss {loss.dtype}")
+assert prediction.dtype == amp_dtype
+assert LogCosh.seen["forward"] == (torch.float32, False)
+assert LogCosh.seen["backward"] == (torch.float32, False)
+assert loss.dtype == torch.float32
+
+# The analytic gradient agrees with autograd's for the same formula in fp32.
+x = torch.randn(64, dtype=torch.float64, requires_grad=True)
+zeros = torch.zeros(64, dtype=torch.float64)
+assert torch.autograd.gradcheck(LogCosh.apply, (x, zeros))
+
+# %% [markdown]
+# ## 3. Validation under autocast
+#
+# Evaluation gets the same speed and memory benefit as training, and needs no scaler (there are
+# no gradients). Three things belong in every evaluation loop: `model.eval()` (BatchNorm uses its
+# running statistics and does not update them), `torch.inference_mode()` (no autograd graph), and
+# the forward + loss under autocast. Put the model back in training mode afterwards.
+
+# %%
+@torch.inference_mode()
+def evaluate(model: nn.Module, use_amp: bool) -> tuple[torch.Tensor, float]:
+    was_training = model.training
+    model.eval()
+    with torch.autocast(info.type, dtype=amp_dtype, enabled=use_amp):
+        output = model(inputs)
+        loss = loss_fn(output, targets)
+    model.train(was_training)
+    return output, loss.item()
+
+
+running_mean = amp_model.layers[1].running_mean.clone()
+out_amp, val_amp = evaluate(amp_model, use_amp=True)
+out_fp32, val_fp32 = evaluate(amp_model, use_amp=False)
+print(f"validation loss of the AMP-trained model: {val_amp:.5f} under autocast "
+      f"({out_amp.dtype}), {val_fp32:.5f} in fp32")
+assert out_amp.dtype == amp_dtype and out_fp32.dtype == torch.float32
+assert torch.is_inference(out_amp) and not out_amp.requires_grad
+assert torch.equal(amp_model.layers[1].running_mean, running_mean)  # eval() froze BatchNorm
+assert amp_model.training  # back in training mode
+assert abs(val_amp - val_fp32) <= 0.05 * val_fp32
+
+# %% [markdown]
+# ## What to remember
+#
+# - Keep sensitive math in fp32 with `autocast(enabled=False)` and explicit `.float()` casts;
+#   compute custom losses in fp32.
+# - Use `binary_cross_entropy_with_logits`, never `sigmoid` + `binary_cross_entropy`.
+# - Decorate custom Functions with `custom_fwd` (optionally `cast_inputs=torch.float32`) and
+#   `custom_bwd`.
+# - Validate with `model.eval()`, `torch.inference_mode()` and autocast, no scaler.

@@ -1,0 +1,118 @@
+# ---
+# jupyter:
+#   jupytext:
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 10 · AMP on several devices: DistributedDataParallel
+#
+# Lessons 03 and 05 trained on one device, with one GradScaler, and saved checkpoints with the
+# scaler's state. This lesson scales that loop out to several processes with PyTorch's
+# DistributedDataParallel (DDP) and shows what changes for AMP (very little) and what DDP itself
+# adds (ranks, a sampler per process, who writes the checkpoint).
+#
+# The run below uses 2 CPU processes at the `smoke` preset on every machine, so it also runs in
+# the test suite; the last cell says how to run it on several GPUs.
+
+# %%
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from amp_tutorial.checkpoint import load_checkpoint
+from amp_tutorial.ddp import parameter_hash
+from amp_tutorial.device import describe_device, select_device
+from amp_tutorial.models import ConvModel
+from amp_tutorial.presets import get_preset
+
+info = select_device()
+print(describe_device(info))
+scratch = tempfile.TemporaryDirectory(prefix="amp10_")  # removed when the kernel stops
+work_dir = Path(scratch.name)  # the DDP run writes its checkpoint and summary here
+
+# %% [markdown]
+# ## Several processes: DistributedDataParallel with AMP
+#
+# Once one device is not enough, the next step is data parallelism with `torch.distributed`:
+# one process per device, each holding a full copy of the model and training on its own share of
+# the data. After `backward()`, DDP all-reduces the gradients, so every process applies the same
+# averaged gradient and the copies stay identical. AMP fits in unchanged:
+#
+# - autocast goes around the forward pass and loss **of the DDP-wrapped model**, as before;
+# - each process has **its own GradScaler**. The gradients it checks are already all-reduced, so
+#   an overflow anywhere shows up everywhere and all processes skip the step together;
+# - the process group's backend moves the gradients: **NCCL** on NVIDIA GPUs (on ROCm the same
+#   `nccl` name uses AMD's RCCL), **Gloo** on CPUs (here with bf16 autocast);
+# - a `DistributedSampler` gives each process a different part of the data, and
+#   `sampler.set_epoch(epoch)` reshuffles it every epoch (forget it and every epoch repeats the
+#   first epoch's order);
+# - only rank 0 prints and writes the checkpoint; every process calls
+#   `destroy_process_group()` at the end, in a `finally` so that happens on errors too;
+# - BatchNorm normalises with each process's *local* batch. On GPUs
+#   `nn.SyncBatchNorm.convert_sync_batchnorm` computes the statistics over the global batch
+#   instead; PyTorch's SyncBatchNorm does not run on CPU, so there each process keeps its own
+#   batch statistics and DDP copies rank 0's running statistics to the others at each forward.
+#
+# `amp_tutorial.ddp` is such a training script for lesson 03's problem: the image's rows are
+# the dataset. `torchrun` starts the processes and tells each its rank:
+#
+# ```
+# torchrun --standalone --nproc-per-node 4 -m amp_tutorial.ddp --checkpoint runs/ddp.pt
+# python -m amp_tutorial.ddp --preset smoke      # one process, no torchrun
+# ```
+#
+# Below it runs with 2 CPU processes at the `smoke` preset (`torchrun` is
+# `python -m torch.distributed.run`; `--standalone` picks a free port on this machine).
+# Rank 0 writes a JSON summary with every rank's hash of its parameters.
+
+# %%
+ddp_dir = work_dir / "ddp"
+command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "amp_tutorial.ddp", "--preset", "smoke", "--device", "cpu",
+           "--checkpoint", str(ddp_dir / "model.pt"), "--summary", str(ddp_dir / "summary.json")]
+print("$ torchrun", " ".join(command[3:]))
+result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+print(result.stdout)
+assert result.returncode == 0, result.stderr
+
+# %%
+summary = json.loads((ddp_dir / "summary.json").read_text())
+print(f"{summary['world_size']} processes, backend {summary['backend']}, autocast "
+      f"{summary['amp_dtype']}, {summary['steps']} steps; mean loss per epoch "
+      f"{[round(x, 4) for x in summary['epoch_losses']]}")
+for rank, digest in enumerate(summary["param_hashes"]):
+    print(f"rank {rank}: parameters sha256 {digest[:16]}...")
+assert summary["world_size"] == 2 and summary["backend"] == "gloo"
+assert len(set(summary["param_hashes"])) == 1  # both processes ended with identical parameters
+assert summary["epoch_losses"][-1] < summary["epoch_losses"][0]
+
+# The checkpoint rank 0 wrote loads into a plain (unwrapped) model.
+smoke = get_preset("smoke")
+ddp_trained = ConvModel(smoke.hidden, smoke.n_hidden_layers)
+extra = load_checkpoint(ddp_dir / "model.pt", ddp_trained)
+assert parameter_hash(ddp_trained) == summary["param_hashes"][0]
+print(f"checkpoint: step {extra['step']}, written by rank 0 of {extra['world_size']}")
+
+# %% [markdown]
+# On a machine with several GPUs, run the same script with one process per GPU:
+# `torchrun --standalone --nproc-per-node $(nvidia-smi -L | wc -l) -m amp_tutorial.ddp`
+# (on ROCm count with `rocm-smi`, or set the number yourself). Each process then uses
+# `cuda:LOCAL_RANK`, NCCL/RCCL, fp16 autocast with its own GradScaler, and SyncBatchNorm.
+#
+# ## What to remember
+#
+# - DDP + AMP: autocast around the forward and loss of the wrapped model, a GradScaler per
+#   process (the all-reduced gradients make every process skip the same steps).
+# - NCCL (RCCL on ROCm) on GPUs, Gloo on CPUs; `sampler.set_epoch(epoch)` every epoch.
+# - Only rank 0 prints and writes the checkpoint; `destroy_process_group()` in a `finally`.
