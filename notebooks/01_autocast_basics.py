@@ -260,7 +260,7 @@ differ
 # lists (exp, log, pow, sums, softmax, layer_norm) are on **no CPU list**: CPU autocast runs them
 # in whatever dtype they are given, bf16 included. The promote lists do not overlap at all: `cat`,
 # `stack` and `index_copy` on CPU, `addcmul`, `dot`, `index_put`, `scatter_add` and others on CUDA.
-# `binary_cross_entropy` runs in float32 on CPU and is refused on CUDA (lesson 05).
+# `binary_cross_entropy` runs in float32 on CPU and is refused on CUDA (lesson 07).
 #
 # These sentences read the source columns of the table, so the table is checked first. The CPU
 # column was checked above where this runs on a CPU (measured); the CUDA/XPU column is checked

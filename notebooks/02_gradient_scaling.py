@@ -320,7 +320,7 @@ display(defaults)
 # %% [markdown]
 # The defaults suit nearly every model. What to watch instead: if `scaler.get_scale()` keeps
 # falling towards 1, or many steps are skipped, the overflows are not rare spikes but a sign that
-# something produces inf/NaN in the forward pass (lesson 05's `autocast(enabled=False)` regions
+# something produces inf/NaN in the forward pass (lesson 07's `autocast(enabled=False)` regions
 # and fp32 losses help there).
 #
 # ## 4. Gradient clipping: unscale first

@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 07 · AMP pitfalls: skipped steps, schedulers, and what autocast leaves alone
+# # 09 · AMP pitfalls: skipped steps, schedulers, and what autocast leaves alone
 #
 # The questions people ask most once their AMP loop runs, each answered by a cell that shows the
 # behaviour on this machine and asserts it:
@@ -192,7 +192,7 @@ fig.tight_layout()
 # (The healthy curve is drawn from the `scale used` log shifted by one step, close enough for a
 # picture.) Lowering the scale can fix an overflow **in the gradients**; it cannot fix an inf in
 # the **loss**, which is computed before any scaling. So: if `scaler.get_scale()` falls below
-# about 1 and keeps falling, stop and look at the forward pass (lesson 05's "The loss is inf or
+# about 1 and keeps falling, stop and look at the forward pass (lesson 08's "The loss is inf or
 # NaN" section finds the first module that produced it); typical causes are unnormalised inputs,
 # a large logit exponentiated in float16, or a division by a tiny number. Checking
 # `torch.isfinite(loss)` each step catches it on the first step instead of the hundredth.
@@ -328,7 +328,7 @@ assert main_mm == outer and not seen["enabled"] and seen["mm dtype"] == torch.fl
 # it was **enabled**, not the dtype: the replicas use the device's default autocast dtype, which
 # the thread above shows is the default (float16 on CUDA), not the one you chose. A bfloat16
 # region around a `DataParallel` model therefore runs its replicas in float16. Prefer
-# `DistributedDataParallel` with one process per GPU (lesson 05), or put
+# `DistributedDataParallel` with one process per GPU (lesson 10), or put
 # `@torch.autocast(device_type=..., dtype=...)` on the model's `forward`, which runs inside each
 # thread. The same goes for your own threads and thread pools.
 

@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 08 · AMP on a transformer: the float32 list, attention masks and the attention kernels
+# # 11 · AMP on a transformer: the float32 list, attention masks and the attention kernels
 #
 # Lessons 03 and 04 trained a per-pixel MLP. The models people train today are transformers, and
 # that is where AMP both pays off most and goes wrong most often: attention scores that overflow

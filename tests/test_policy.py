@@ -176,11 +176,11 @@ def test_header_parser_reads_overloads_and_every_list():
     assert rules["softmax.int"] == rules["sum"] == FP32_OUT and rules["pow.Tensor_Scalar"] == FP32
     assert rules["linear"] == LOWERED and rules["scatter_add"] == PROMOTE
     assert {FP32, FP32_OUT, LOWERED, PROMOTE} == set(rules.values())
-    # reductions that keep their input dtype under CUDA autocast (lesson 05 names them)
+    # reductions that keep their input dtype under CUDA autocast (lesson 07 names them)
     assert not {"mean", "max", "amax", "min", "var", "std"} & set(rules)
 
 
-def test_mps_lists_differ_where_lessons_04_and_05_say():
+def test_mps_lists_differ_where_lessons_04_and_07_say():
     """MPS autocast has a batch_norm kernel (fp32 list) and none for binary_cross_entropy."""
     has_kernel = getattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", None)
     if has_kernel is None:

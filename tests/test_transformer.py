@@ -1,4 +1,4 @@
-"""The lesson-08 transformer: output shapes, causality, and the config checks."""
+"""The lesson-11 transformer: output shapes, causality, and the config checks."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Which scaled-dot-product-attention kernel ran, read off the running device (lesson 08).
+"""Which scaled-dot-product-attention kernel ran, read off the running device (lesson 11).
 
 ``F.scaled_dot_product_attention`` picks a backend at run time (flash, memory-efficient, cuDNN,
 math) from the device, the dtype and the inputs. The profiler names the kernel that ran;

@@ -1,14 +1,14 @@
 """``pdm run bench``: the seed's fp32-vs-AMP comparison outside Jupyter, measured correctly.
 
 ``--model conv`` (default) trains lesson 03's ConvModel on the seed problem; ``--model transformer``
-trains lesson 08's decoder-only transformer on the sequence-reversal task (and also reports the
+trains lesson 11's decoder-only transformer on the sequence-reversal task (and also reports the
 final answer accuracy on held-out sequences).
 
 For fp32 and every AMP dtype the device supports it reports training and inference time per step
 (median and interquartile range over the timed steps, after warm-up), peak allocator memory where
 the device has one, saved-activation bytes (every device), the final loss and ratios against fp32.
 ``--compile`` runs the same modes through ``torch.compile`` and reports the compile time (first
-call minus a median step) apart from the step time. Lesson 09 explains what compile changes.
+call minus a median step) apart from the step time. Lesson 12 explains what compile changes.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def make_transformer_problem(
     preset: Preset, device: torch.device | str
 ) -> tuple[TransformerConfig, list[tuple[torch.Tensor, torch.Tensor]],
            list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Lesson 08's model config, training batches (one per step) and held-out test batches."""
+    """Lesson 11's model config, training batches (one per step) and held-out test batches."""
     sizes = preset.transformer
     task = ReversalTask(sizes.n_symbols, sizes.seq_len)
     config = TransformerConfig(task.vocab_size, sizes.seq_len, sizes.d_model, sizes.n_layers,
@@ -170,7 +170,7 @@ def run_transformer_mode(
 ) -> tuple[ModeResult, list[float]]:
     """Train a fresh, identically seeded transformer in one precision mode, then time inference.
 
-    Returns the result row and the per-step training losses (lesson 08 plots them).
+    Returns the result row and the per-step training losses (lesson 11 plots them).
     """
     sizes = preset.transformer
     label = dtype_name(amp_dtype) if amp_dtype else fp32_baseline(info)
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strict-fp32", action="store_true",
                         help="switch TF32 off so the fp32 baseline is true fp32 on Ampere+ GPUs")
     parser.add_argument("--model", choices=MODELS, default="conv",
-                        help="conv: lesson 03's ConvModel (default); transformer: lesson 08's "
+                        help="conv: lesson 03's ConvModel (default); transformer: lesson 11's "
                         "decoder-only transformer on the sequence-reversal task")
     parser.add_argument("--memory-format", choices=list(MEMORY_FORMATS), default="channels_last",
                         help="tensor layout for both fp32 and AMP (default: channels_last, the "
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     args = parser.parse_args(argv)
     if args.compile and args.model != "conv":
-        parser.error("--compile runs the conv model only; lesson 09 compiles the transformer")
+        parser.error("--compile runs the conv model only; lesson 12 compiles the transformer")
     try:
         info = select_device(args.device)
         preset = get_preset(args.preset, info.type)

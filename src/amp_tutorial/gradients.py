@@ -1,6 +1,6 @@
 """Norms of gradients and of optimizer updates, to see what clipping and scaling change.
 
-Used by lesson 02 (clipping before or after ``unscale_``, with SGD and Adam) and lesson 07
+Used by lesson 02 (clipping before or after ``unscale_``, with SGD and Adam) and lesson 09
 (spotting skipped steps).
 """
 

@@ -177,7 +177,7 @@ def op_dtype_rows(events: object, min_tensor_inputs: int = 1) -> list[dict[str, 
     """Ops from a ``torch.profiler`` run made with ``record_shapes=True``, grouped by op name and
     the dtypes of their tensor inputs: calls and self time (CPU-side, microseconds).
 
-    Shows which ops really ran in low precision and which in float32 (lesson 09).
+    Shows which ops really ran in low precision and which in float32 (lesson 13).
     """
     rows: dict[tuple[str, str], dict[str, object]] = {}
     for event in events:  # prof.events(): one FunctionEvent per op call
@@ -196,7 +196,7 @@ def op_dtype_rows(events: object, min_tensor_inputs: int = 1) -> list[dict[str, 
 def optimizer_step_events(events: object) -> list[object]:
     """The op calls made inside ``optimizer.step()`` of a ``torch.profiler`` run: every
     ``torch.optim`` optimizer wraps its step in an ``Optimizer.step#<Class>.step`` range, and its
-    ops are that range's descendants (lesson 09).
+    ops are that range's descendants (lesson 13).
     """
     found: list[object] = []
 

@@ -60,7 +60,7 @@ def plot_outputs(images: Mapping[str, torch.Tensor | np.ndarray], title: str) ->
 
 def plot_losses(histories: Mapping[str, Sequence[float]], title: str = "Training loss",
                 xlabel: str = "step", ylabel: str = "MSE loss (log scale)") -> Figure:
-    """Loss per step (or per ``xlabel``, e.g. epoch) for each run, log scale; lesson 08 passes
+    """Loss per step (or per ``xlabel``, e.g. epoch) for each run, log scale; lesson 11 passes
     ``ylabel`` for its cross-entropy."""
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for name, losses in histories.items():
@@ -96,7 +96,7 @@ def _as_2d(image: torch.Tensor | np.ndarray) -> np.ndarray:
 
 def plot_op_times(rows: Sequence[Mapping[str, object]], title: str, top: int = 15) -> Figure:
     """Self time of the ``top`` ops of a profiled step, one bar per (op, input dtypes), coloured by
-    whether any input was low precision (rows from ``measure.op_dtype_rows``; lesson 09)."""
+    whether any input was low precision (rows from ``measure.op_dtype_rows``; lesson 13)."""
     shown = list(rows)[:top][::-1]
     colours = ["tab:green" if any(d in str(r["input dtypes"]) for d in ("bf16", "fp16"))
                else "tab:gray" for r in shown]

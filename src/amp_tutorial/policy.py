@@ -10,7 +10,7 @@ is the same either way (``bf16 + fp32 -> fp32`` is type promotion) is on no auto
 register for the probed ops on CPU and CUDA, so a lesson can compare the measurement on its device
 with the source, and show the other device's lists as source, not measurement. ``header_rules``
 reads the CUDA/XPU lists from the installed torch's ``include/ATen/autocast_mode.h``, so that the
-CUDA column is checked without a GPU. Used by lesson 01 (and ``header_rules`` by lesson 05).
+CUDA column is checked without a GPU. Used by lesson 01 (and ``header_rules`` by lesson 07).
 """
 
 from __future__ import annotations
@@ -364,7 +364,7 @@ def trace_dtypes(fn: Callable[[], object]) -> list[OpTrace]:
     """Run ``fn()`` and return the floating-point aten ops it executed, in order, with dtypes.
 
     A ``TorchDispatchMode`` sits below autocast, so it sees what autocast decided: the
-    ``_to_copy`` casts it inserts and the dtype each kernel ran in (lesson 08). Pure view ops
+    ``_to_copy`` casts it inserts and the dtype each kernel ran in (lesson 11). Pure view ops
     (transpose, split, ...) are left out.
     """
     recorder = _DtypeRecorder()

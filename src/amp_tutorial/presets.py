@@ -1,7 +1,7 @@
 """Problem-size presets, so every lesson runs in sensible time on a GPU, a laptop CPU and in CI.
 
 ``paper`` reproduces the sizes of the original ROCm blog; ``cpu`` is the laptop size; ``smoke`` is
-the tiny size the test suite uses. Each preset also sizes the transformer of lesson 08
+the tiny size the test suite uses. Each preset also sizes the transformer of lesson 11
 (:class:`TransformerSizes`). ``auto`` picks ``paper`` on a GPU and ``cpu`` elsewhere.
 Set ``AMP_TUTORIAL_PRESET`` to override.
 """
@@ -20,7 +20,7 @@ class UnknownPresetError(ValueError):
 
 @dataclass(frozen=True)
 class TransformerSizes:
-    """Sizes of lesson 08's decoder-only transformer and its sequence-reversal task."""
+    """Sizes of lesson 11's decoder-only transformer and its sequence-reversal task."""
 
     d_model: int  # width of every token's vector
     n_layers: int
@@ -46,7 +46,7 @@ class Preset:
     warmup: int  # untimed steps before timing starts (kernel selection, allocator growth)
     inference_steps: int  # timed forward passes for the inference comparison
     description: str
-    transformer: TransformerSizes  # lesson 08 and ``bench --model transformer``
+    transformer: TransformerSizes  # lesson 11 and ``bench --model transformer``
 
 
 PRESETS: dict[str, Preset] = {

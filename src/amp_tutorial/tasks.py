@@ -1,7 +1,7 @@
 """A generated sequence task for the transformer: reverse a random string of symbols.
 
 Nothing to download, deterministic for a given seed, and impossible to solve without attention:
-the answer token at step i is the prompt token at position L-1-i. Used by lesson 08 and by
+the answer token at step i is the prompt token at position L-1-i. Used by lesson 11 and by
 ``pdm run bench --model transformer``.
 
 One example of ``seq_len`` input tokens (``L = seq_len // 2``)::

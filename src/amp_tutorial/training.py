@@ -1,5 +1,5 @@
 """One optimisation step, fp32 or AMP, as used by the benchmark and the tests: the seed problem
-(lesson 03) and lesson 08's transformer task.
+(lesson 03) and lesson 11's transformer task.
 
 The notebooks write the same loop out in their cells, because there it is the lesson.
 """
@@ -84,7 +84,7 @@ def make_sequence_train_step(
     amp_dtype: torch.dtype | None = None,
     scaler: torch.amp.GradScaler | None = None,
 ) -> Callable[[int], float]:
-    """Like :func:`make_train_step` for lesson 08's transformer: cross-entropy on token batches.
+    """Like :func:`make_train_step` for lesson 11's transformer: cross-entropy on token batches.
 
     ``step(i)`` trains on ``batches[i % len(batches)]`` (warm-up steps pass negative ``i``), so
     every precision mode sees the same data in the same order.

@@ -2,7 +2,7 @@
 
 Token and position embeddings, pre-norm blocks of causal self-attention (through
 ``F.scaled_dot_product_attention``) and a GELU MLP, a final LayerNorm and a vocabulary head.
-Used by lesson 08 and by ``pdm run bench --model transformer``.
+Used by lesson 11 and by ``pdm run bench --model transformer``.
 """
 
 from __future__ import annotations
