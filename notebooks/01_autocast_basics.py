@@ -37,8 +37,7 @@ import math
 import pandas as pd
 import torch
 
-from amp_tutorial import describe_device, select_device
-from amp_tutorial.device import dtype_name
+from amp_tutorial.device import describe_device, dtype_name, select_device
 from amp_tutorial.plots import plot_dtype_ranges
 from amp_tutorial.policy import (
     BANNED,

@@ -35,19 +35,17 @@
 import pandas as pd
 import torch
 
-from amp_tutorial import (
-    ConvModel,
-    describe_device,
-    get_preset,
-    make_problem,
+from amp_tutorial.data import make_problem
+from amp_tutorial.device import describe_device, dtype_name, fp32_baseline, select_device
+from amp_tutorial.measure import (
+    activation_output_bytes,
     peak_memory_bytes,
     reset_peak_memory,
-    select_device,
     time_steps,
 )
-from amp_tutorial.device import dtype_name, fp32_baseline
-from amp_tutorial.measure import activation_output_bytes
+from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_bars, plot_outputs
+from amp_tutorial.presets import get_preset
 from amp_tutorial.training import make_train_step
 
 info = select_device()

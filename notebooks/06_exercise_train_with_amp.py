@@ -32,10 +32,12 @@
 import torch
 from IPython.display import Markdown, display
 
-from amp_tutorial import ConvModel, describe_device, get_preset, make_problem, select_device
-from amp_tutorial.device import dtype_name
+from amp_tutorial.data import make_problem
+from amp_tutorial.device import describe_device, dtype_name, select_device
 from amp_tutorial.exercise import check_train_with_amp, train_fp32
+from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_losses
+from amp_tutorial.presets import get_preset
 from amp_tutorial.quiz import check_quiz, quiz_markdown
 
 info = select_device()

@@ -40,8 +40,11 @@ import torch
 import torch.nn.functional as F
 from IPython.display import display
 
-from amp_tutorial import ConvModel, describe_device, get_preset, make_problem, select_device
+from amp_tutorial.data import make_problem
+from amp_tutorial.device import describe_device, select_device
 from amp_tutorial.gradients import snapshot, update_norm
+from amp_tutorial.models import ConvModel
+from amp_tutorial.presets import get_preset
 
 info = select_device()
 preset = get_preset(device_type=info.type)

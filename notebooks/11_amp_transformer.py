@@ -36,18 +36,15 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from amp_tutorial import (
-    describe_device,
-    get_preset,
+from amp_tutorial.attention import attention_ops, backend_runs
+from amp_tutorial.bench import make_transformer_problem
+from amp_tutorial.device import describe_device, dtype_name, fp32_baseline, select_device
+from amp_tutorial.measure import (
     peak_memory_bytes,
     reset_peak_memory,
     saved_activation_bytes,
-    select_device,
     time_steps,
 )
-from amp_tutorial.attention import attention_ops, backend_runs
-from amp_tutorial.bench import make_transformer_problem
-from amp_tutorial.device import dtype_name, fp32_baseline
 from amp_tutorial.plots import plot_bars, plot_losses
 from amp_tutorial.policy import (
     FP32,
@@ -57,6 +54,7 @@ from amp_tutorial.policy import (
     autocast_policy,
     trace_dtypes,
 )
+from amp_tutorial.presets import get_preset
 from amp_tutorial.tasks import IGNORE_INDEX, sequence_loss
 from amp_tutorial.training import make_sequence_train_step, sequence_accuracy
 from amp_tutorial.transformer import DecoderTransformer

@@ -22,7 +22,8 @@
 # %%
 import torch
 
-from amp_tutorial import describe_device, get_preset, select_device
+from amp_tutorial.device import describe_device, select_device
+from amp_tutorial.presets import get_preset
 
 info = select_device()
 preset = get_preset(device_type=info.type)
