@@ -30,7 +30,6 @@
 # claim is checked by an `assert` in the cell that makes it.
 
 # %%
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
@@ -39,14 +38,31 @@ from tqdm.auto import tqdm
 
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, select_device
-from amp_tutorial.gradients import grad_norm, snapshot, update_norm
+from amp_tutorial.gradients import activation_grads, grad_norm, snapshot, update_norm, zero_fraction
 from amp_tutorial.models import ConvModel
+from amp_tutorial.plots import plot_gradient_magnitudes, plot_losses, plot_scale_history
 from amp_tutorial.presets import get_preset
 
 info = select_device()
 preset = get_preset(device_type=info.type)
 print(describe_device(info))
 print(f"preset {preset.name!r}: {preset.description}")
+
+# %% [markdown]
+# ### Where the fp16 work runs
+#
+# GradScaler matters for **float16**, the default autocast dtype on CUDA and ROCm GPUs. CPU
+# autocast accepts `dtype=torch.float16` too, and `torch.amp.GradScaler("cpu")` exists (checked on
+# torch 2.14), so without a GPU this lesson computes real fp16 gradients on the CPU. Most CPUs have
+# no fast fp16 arithmetic, so there we use a narrow network: the gradient magnitudes this lesson
+# is about depend on the loss and the image size, not on the width.
+
+# %%
+fp16_ok_here = torch.float16 in info.amp_dtypes or info.type == "cpu"
+fp16_device = info.device if fp16_ok_here else torch.device("cpu")
+bf16_device = info.device if torch.bfloat16 in info.amp_dtypes else torch.device("cpu")
+hidden = preset.hidden if fp16_device.type != "cpu" else min(preset.hidden, 16)
+print(f"fp16 runs on {fp16_device}, bf16 on {bf16_device}; network width {hidden}")
 
 FP16 = torch.finfo(torch.float16)
 SMALLEST_NORMAL = FP16.smallest_normal  # 2^-14, about 6.1e-5
@@ -55,23 +71,6 @@ print(f"fp16 smallest normal {SMALLEST_NORMAL:.3g}, smallest subnormal {SMALLEST
 assert SMALLEST_SUBNORMAL == 2.0**-24  # below half of it fp16 rounds to 0, just above to 2^-24:
 assert torch.tensor(0.49 * SMALLEST_SUBNORMAL, dtype=torch.float16).item() == 0.0
 assert torch.tensor(0.51 * SMALLEST_SUBNORMAL, dtype=torch.float16).item() == SMALLEST_SUBNORMAL
-
-# %% [markdown]
-# ### Where the fp16 work runs
-#
-# GradScaler matters for **float16**, the default autocast dtype on CUDA and ROCm GPUs. On a CPU
-# the fast path is bfloat16, but PyTorch's CPU autocast also accepts `dtype=torch.float16`, and
-# `torch.amp.GradScaler("cpu")` exists (both checked on torch 2.14), so this lesson runs fp16 on
-# the CPU too. The numbers are real fp16 gradients either way. Most CPUs have no fast fp16
-# arithmetic, though, so on a CPU fp16 is *slower* than fp32 and we use a narrow network; the
-# gradient magnitudes this lesson is about depend on the loss and the image size, not on the width.
-
-# %%
-fp16_ok_here = torch.float16 in info.amp_dtypes or info.type == "cpu"
-fp16_device = info.device if fp16_ok_here else torch.device("cpu")
-bf16_device = info.device if torch.bfloat16 in info.amp_dtypes else torch.device("cpu")
-hidden = preset.hidden if fp16_device.type != "cpu" else min(preset.hidden, 16)
-print(f"fp16 runs on {fp16_device}, bf16 on {bf16_device}; network width {hidden}")
 
 
 def new_model(device: torch.device) -> torch.nn.Module:
@@ -88,33 +87,13 @@ def new_model(device: torch.device) -> torch.nn.Module:
 # the gradient that flows back into every convolution's output: in fp16 autocast those are
 # float16 tensors, exactly as the backward pass computes them.
 #
-# `loss_scale` multiplies the loss before `backward()`; we divide it out again in fp32 afterwards,
-# which is what GradScaler does for you.
+# `activation_grads` (from `amp_tutorial.gradients`) runs one forward under autocast in the given
+# dtype, calls `backward()` on the loss times `loss_scale`, and returns those gradients as computed
+# and divided by `loss_scale` again in fp32, which is what GradScaler does for you.
 
 # %%
 underflow_grid = max(preset.grid, 256)
 demo_inputs, demo_targets = make_problem(underflow_grid, fp16_device)
-
-
-def activation_grads(model, inputs, targets, dtype=None, loss_scale=1.0):
-    """Gradients flowing into each conv output: (as computed, in their dtype; unscaled, in fp32)."""
-    grads = []
-
-    def keep_grad(module, args, output):
-        output.register_hook(grads.append)
-
-    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
-    handles = [conv.register_forward_hook(keep_grad) for conv in convs]
-    with torch.autocast(inputs.device.type, dtype=dtype or torch.float32,
-                        enabled=dtype is not None):
-        loss = torch.nn.functional.mse_loss(model(inputs), targets)
-    (loss * loss_scale).backward()
-    for handle in handles:
-        handle.remove()
-    raw = torch.cat([g.flatten() for g in grads])
-    return raw, raw.float() / loss_scale
-
-
 model = new_model(fp16_device)
 true_grads = activation_grads(model, demo_inputs, demo_targets)[1].cpu()
 fp16_raw, fp16_grads = activation_grads(model, demo_inputs, demo_targets, torch.float16)
@@ -122,11 +101,6 @@ SCALE = 2.0**16  # GradScaler's default initial scale
 scaled_raw, scaled_grads = activation_grads(model, demo_inputs, demo_targets, torch.float16, SCALE)
 print(f"dtype of the gradients as computed: fp16 run {fp16_raw.dtype}, fp32 run {true_grads.dtype}")
 assert fp16_raw.dtype == torch.float16
-
-
-def zero_fraction(grads):
-    return (grads == 0).float().mean().item()
-
 
 flushed = pd.DataFrame({
     "fp32 (reference)": {"exactly zero": zero_fraction(true_grads)},
@@ -145,34 +119,16 @@ assert zero_fraction(scaled_raw) < zero_fraction(fp16_raw)  # scaling rescues th
 assert flushed["below fp16 normal"].iloc[2] < flushed["below fp16 normal"].iloc[1]
 
 # %% [markdown]
-# Two losses, not one. The first column counts gradients that became exactly zero. The second
-# counts the ones that survived only as **subnormals**: below 2^-14 fp16 has fewer than its 11
-# significant bits, down to a single bit at 2^-24, so these gradients are stored coarsely. After
-# scaling, almost none are left in either group.
-
-# %% [markdown]
-# Where do the gradients sit? The histogram shows the true (fp32) gradient magnitudes, and the
-# same gradients multiplied by the scale, against fp16's thresholds. Everything below half the
-# smallest subnormal (2^-25, about 3e-8) becomes 0 in fp16; between that and the smallest normal,
-# values keep only a few significant bits. Multiplying by 2^16 slides the whole distribution 16
-# binades to the right, into fp16's comfortable range.
+# Two losses, not one: gradients that became exactly zero, and gradients that survived only as
+# **subnormals** (below 2^-14 fp16 has fewer than its 11 significant bits, down to one at 2^-24).
+# After scaling, almost none are left in either group. The histogram shows where the true (fp32)
+# gradients sit, and the same gradients times the scale: everything below half the smallest
+# subnormal (2^-25, about 3e-8) becomes 0 in fp16, and multiplying by 2^16 slides the whole
+# distribution 16 binades to the right, into fp16's comfortable range.
 
 # %%
-magnitudes = np.log2(true_grads[true_grads != 0].abs().numpy())
-fig, ax = plt.subplots(figsize=(8, 3.5))
-bins = np.arange(np.floor(magnitudes.min()), np.ceil(magnitudes.max()) + 17, 0.5)
-ax.hist(magnitudes, bins=bins, alpha=0.7, label="true gradients (fp32)")
-ax.hist(magnitudes + np.log2(SCALE), bins=bins, alpha=0.7,
-        label="x 2^16 (what GradScaler feeds fp16)")
-ax.axvspan(bins[0], np.log2(SMALLEST_SUBNORMAL / 2), color="tab:red", alpha=0.12,
-           label="rounds to 0 in fp16 (below 2^-25)")
-ax.axvline(np.log2(SMALLEST_SUBNORMAL), color="tab:red", ls="--", label="fp16 smallest subnormal")
-ax.axvline(np.log2(SMALLEST_NORMAL), color="tab:orange", ls="--", label="fp16 smallest normal")
-ax.set(title=f"Activation gradients of ConvModel on a {underflow_grid}x{underflow_grid} image",
-       xlabel="gradient magnitude (log2; -24 is about 6e-8)", ylabel="number of gradient values")
-ax.legend(fontsize=8, loc="upper left")
-fig.tight_layout()
-
+fig = plot_gradient_magnitudes(true_grads, SCALE, f"Activation gradients of ConvModel on a "
+                               f"{underflow_grid}x{underflow_grid} image")
 below = (true_grads.abs() < SMALLEST_SUBNORMAL / 2).float().mean().item()
 print(f"{below:.2%} of the true gradients are below half the smallest fp16 subnormal "
       f"(they round to 0); the fp16 run measured {zero_fraction(fp16_raw):.2%} zeros.")
@@ -216,6 +172,7 @@ scaled_loss = scaler.scale(loss)  # 1. scale
 print(f"1. scale:    loss {loss.item():.5f} -> scaled loss {scaled_loss.item():.1f} (S = {S:g})")
 assert torch.allclose(scaled_loss, loss * S)
 
+# %%
 scaled_loss.backward()  # 2. backward, outside autocast
 grads_scaled = [p.grad.clone() for p in params]
 print(f"2. backward: largest scaled gradient {max(g.abs().max().item() for g in grads_scaled):.4g}")
@@ -228,6 +185,7 @@ print(f"3. unscale:  largest gradient now {max(p.grad.abs().max().item() for p i
 finite = all(torch.isfinite(p.grad).all().item() for p in params)  # 4. the check step() makes
 print(f"4. check:    all gradients finite? {finite}")
 
+# %%
 before = [p.detach().clone() for p in params]
 scaler.step(optimizer)  # 5. step, or skip
 stepped = any(not torch.equal(b, p) for b, p in zip(before, params, strict=True))
@@ -239,9 +197,8 @@ print(f"6. update:   scale {S:g} -> {scaler.get_scale():g}")
 assert scaler.get_scale() == (S if finite else S * scaler.get_backoff_factor())
 
 # %% [markdown]
-# If step 4 said `False` on your machine, you have just seen the scaler at work: the initial
-# 2^16 is deliberately large, so the first step or two of a run can overflow and be skipped while
-# the scale finds its level. That costs a step or two, once.
+# If step 4 said `False` here, you have seen the scaler at work: the initial 2^16 is deliberately
+# large, so the first step or two of a run may overflow and be skipped while the scale settles.
 #
 # ## 3. The scale over time
 #
@@ -287,17 +244,10 @@ assert max(scales[INJECT_AT + 1:]) > scales[INJECT_AT + 1]  # and it grew again 
 print(f"skipped steps: {[s for s in range(N_STEPS) if skipped[s]]}; scale {scales[0]:g} -> "
       f"{scales[-1]:g}")
 
-fig, ax = plt.subplots(figsize=(8, 3.5))
-ax.step(range(N_STEPS + 1), np.log2(scales), where="post", label="scale used by the step")
-skips = [s for s in range(N_STEPS) if skipped[s]]
-ax.scatter(skips, np.log2([scales[s] for s in skips]), color="tab:red", zorder=3,
-           label="skipped step (inf/NaN gradient)")
-ax.axvline(INJECT_AT, color="tab:red", ls=":", label="inf injected")
-ax.set(title=f"GradScaler: backoff x0.5 on overflow, growth x2 after {GROWTH_INTERVAL} good steps",
-       xlabel="training step", ylabel="scale (log2)")
-ax.legend(fontsize=8)
-ax.grid(alpha=0.3)
-fig.tight_layout()
+# %%
+fig = plot_scale_history(
+    scales, skipped, f"GradScaler: backoff x0.5 on overflow, growth x2 after {GROWTH_INTERVAL} "
+    "good steps", marked_step=INJECT_AT)
 
 # %% [markdown]
 # ### The four parameters, and when to change them
@@ -307,15 +257,13 @@ fig.tight_layout()
 # %%
 default = torch.amp.GradScaler(fp16_device.type)
 defaults = pd.DataFrame({
-    "init_scale": [default.get_scale(), "the first scale; the first steps may overflow and skip, "
-                   "which is cheap. Lower it only if many early steps are skipped."],
-    "growth_factor": [default.get_growth_factor(), "how much the scale grows after a run of "
-                      "good steps. Rarely worth changing."],
-    "backoff_factor": [default.get_backoff_factor(), "how much it shrinks after an overflow. "
-                       "Rarely worth changing."],
-    "growth_interval": [default.get_growth_interval(), "good steps in a row before growing. "
-                        "Lower it if the scale stays far below where it could be (e.g. after "
-                        "an early run of overflows); raise it if it oscillates, skipping often."],
+    "init_scale": [default.get_scale(), "the first scale; early overflows skip a step or two, "
+                   "which is cheap. Lower it only if many early steps skip."],
+    "growth_factor": [default.get_growth_factor(), "growth after good steps; rarely changed"],
+    "backoff_factor": [default.get_backoff_factor(), "shrink after an overflow; rarely changed"],
+    "growth_interval": [default.get_growth_interval(), "good steps in a row before growing: lower "
+                        "it if the scale stays low after early overflows, raise it if it "
+                        "oscillates, skipping often."],
 }, index=["default", "when to change it"]).T
 assert (default.get_scale(), default.get_growth_interval()) == (2.0**16, 2000)
 display(defaults)
@@ -397,14 +345,13 @@ for opt in ("SGD", "Adam"):
     assert np.isclose(right["optimizer got"], max_norm, rtol=1e-3)  # halved, as asked
     assert np.isclose(wrong["clip saw"], true_norm * CLIP_SCALE, rtol=1e-3)  # the scaled norm
     assert np.isclose(wrong["optimizer got"], max_norm / CLIP_SCALE, rtol=1e-3)  # S times smaller
-sgd_shrink = one_step.loc[("SGD", ORDERS[0]), "update"] / one_step.loc[("SGD", ORDERS[1]), "update"]
-adam_shrink = (one_step.loc[("Adam", ORDERS[0]), "update"]
-               / one_step.loc[("Adam", ORDERS[1]), "update"])
-print(f"the right order's update is {sgd_shrink:.4g}x the wrong order's with SGD, "
-      f"{adam_shrink:.3g}x with Adam")
-assert np.isclose(sgd_shrink, CLIP_SCALE, rtol=1e-2)  # clip fires either way: S times too small
-assert 0.8 < adam_shrink < 1.25  # Adam: about the same step
+shrink = {opt: one_step.loc[(opt, ORDERS[0]), "update"] / one_step.loc[(opt, ORDERS[1]), "update"]
+          for opt in ("SGD", "Adam")}
+print(f"the right order's update over the wrong order's: {shrink}")
+assert np.isclose(shrink["SGD"], CLIP_SCALE, rtol=1e-2)  # clip fires either way: S times too small
+assert 0.8 < shrink["Adam"] < 1.25  # Adam: about the same step
 
+# %%
 # SGD with a clip meant for spikes (max_norm = 10 x the true norm): only the wrong order clips,
 # so its step is S * ||g|| / max_norm = S / 10 times too small, not S times.
 spike_sgd = {order: train_clipped(torch.optim.SGD, order, 10 * true_norm).iloc[0]
@@ -415,16 +362,13 @@ print(f"SGD, max_norm = 10 x true norm: the right order's update is {spike_shrin
 assert np.isclose(spike_shrink, CLIP_SCALE / 10, rtol=1e-2)
 
 # %% [markdown]
-# With **SGD** the update is `lr * gradient`, so the step shrinks exactly as the gradient did.
-# Clipping first hands the optimizer `max_norm / S` where the right order hands it
-# `min(||g||, max_norm)`: the step is `S * min(1, ||g|| / max_norm)` times too small (as long as
-# `S * ||g||` exceeds `max_norm`, so that the wrong-order clip fires at all). Above, where the clip
-# is meant to fire anyway, that is S: lr 1e-3 behaves like 1e-3 / S (1e-3 / 65536 at the default
-# scale). With a clip meant for spikes (`max_norm` 10 times `||g||`) it is S / 10, still a run
-# that crawls, and nothing warns you. **Adam** divides each gradient by its own running RMS, so a
-# gradient that is uniformly S times smaller gives almost the same step (only its `eps=1e-8`
-# term notices, once gradients get that small). The damage with Adam is elsewhere: the clip
-# measured `S` times the true norm, so it acted as if `max_norm` were `max_norm / S`.
+# With **SGD** the update is `lr * gradient`. Clipping first hands the optimizer `max_norm / S`
+# where the right order hands it `min(||g||, max_norm)`: the step is `S * min(1, ||g|| /
+# max_norm)` times too small (whenever `S * ||g||` exceeds `max_norm`, so the wrong clip fires).
+# With a clip meant to fire that is S (lr 1e-3 acts like 1e-3 / 65536 at the default scale); with
+# one meant for spikes it is S / 10. Nothing warns you. **Adam** divides each gradient by its own
+# running RMS, so a gradient uniformly S times smaller gives almost the same step (only its
+# `eps=1e-8` notices). The damage with Adam is elsewhere: the clip acted at `max_norm / S`.
 #
 # ### Adam: a clip meant for spikes fires on every step
 #
@@ -440,44 +384,36 @@ adam_runs = {order: train_clipped(torch.optim.Adam, order, spike_norm, CLIP_STEP
 adam_runs["no clipping"] = train_clipped(torch.optim.Adam, ORDERS[0], float("inf"), CLIP_STEPS)
 right, wrong, unclipped = (adam_runs[k] for k in (*ORDERS, "no clipping"))
 clipped_steps = {k: int((run["clip saw"] > spike_norm).sum()) for k, run in adam_runs.items()}
-print(f"max_norm {spike_norm:.3g}; steps the clip fired on, of {CLIP_STEPS}: {clipped_steps}")
-final_losses = {k: round(float(run["loss"].iloc[-1]), 4) for k, run in adam_runs.items()}
-print(f"final loss: {final_losses}")
+final_loss = {k: round(float(run["loss"].iloc[-1]), 4) for k, run in adam_runs.items()}
+print(f"max_norm {spike_norm:.3g}; the clip fired on {clipped_steps} of {CLIP_STEPS} steps; "
+      f"final loss {final_loss}")
 
 assert clipped_steps[ORDERS[0]] == 0 and right["loss"].equals(unclipped["loss"])  # never fired
 assert clipped_steps[ORDERS[1]] == CLIP_STEPS  # the wrong order clipped every single step
 assert np.allclose(wrong["optimizer got"], spike_norm / CLIP_SCALE, rtol=1e-3)  # one fixed norm
 assert not wrong["loss"].equals(right["loss"])  # a different training run
 
-fig, ax = plt.subplots(figsize=(8, 3.5))
-for order, run in adam_runs.items():
-    ax.plot(run["update"], label=order, ls="--" if order == "no clipping" else "-")
-ax.set(title=f"Adam, fp16, max_norm = {spike_norm:.3g}: size of each step",
-       xlabel="training step", ylabel="weight update norm (2-norm)")
-ax.legend(fontsize=8)
-ax.grid(alpha=0.3)
-fig.tight_layout()
-late_right, late_wrong = right["update"].iloc[-1], wrong["update"].iloc[-1]
-print(f"last step moved the weights by {late_right:.3g} (unscale_ first) and {late_wrong:.3g} "
-      f"(clip first); first step {right['update'][0]:.3g} and {wrong['update'][0]:.3g}")
+# %%
+fig = plot_losses({order: run["update"].tolist() for order, run in adam_runs.items()},
+                  f"Adam, fp16, max_norm = {spike_norm:.3g}: size of each step",
+                  xlabel="training step", ylabel="weight update norm (2-norm, log scale)")
+print(f"update norm, first -> last step: unscale_ first {right['update'].iloc[0]:.3g} -> "
+      f"{right['update'].iloc[-1]:.3g}, clip first {wrong['update'].iloc[0]:.3g} -> "
+      f"{wrong['update'].iloc[-1]:.3g}")
 
 # %% [markdown]
 # In the right order the clip never fires and the run is bit for bit the unclipped one. In the
-# wrong order it fires on **every** step and hands Adam a gradient of the same norm each time,
-# `max_norm / S`. Adam then no longer sees the gradient shrink as the loss falls, so its steps
-# do not shrink either (compare the curves' ends): you are training with a different optimizer
-# (normalised-gradient Adam) than the one you configured, and the spikes the clip was for are not
-# treated differently from any other step. Whether the loss ends higher or lower after a few
-# dozen steps depends on the problem; the point is that it is not the run you asked for, and when
-# the scale changes (it doubles every `growth_interval` good steps) the effective threshold moves
-# with it. Any other code that reads or changes `.grad` between backward and step (gradient
-# logging, custom regularisers) needs `scaler.unscale_(optimizer)` first, too.
+# wrong order it fires on **every** step and hands Adam a gradient of one fixed norm, `max_norm /
+# S`, so Adam no longer sees the gradient shrink as the loss falls and its steps do not shrink
+# either (compare the curves' ends). That is normalised-gradient Adam, not the optimizer you
+# configured, and its threshold moves whenever the scale changes. Any other code that reads or
+# changes `.grad` between backward and step (gradient logging, custom regularisers) needs
+# `scaler.unscale_(optimizer)` first, too.
 #
 # ## 5. bfloat16 needs no scaler
 #
 # bf16 has fp32's 8 exponent bits, so its smallest normal number is fp32's, about 1e-38, far
-# below the smallest gradient of part 1. The same measurement as in part 1, in bf16 without any
-# scaling:
+# below the smallest gradient of part 1. Part 1's measurement, in bf16 without any scaling:
 
 # %%
 bf16_model = new_model(bf16_device)
@@ -488,18 +424,16 @@ print(f"gradients computed in {bf16_raw.dtype}; exactly zero: bf16 {zero_fractio
 assert bf16_raw.dtype == torch.bfloat16
 assert torch.finfo(torch.bfloat16).smallest_normal == torch.finfo(torch.float32).smallest_normal
 assert zero_fraction(bf16_raw) < zero_fraction(fp16_raw)
-# About as many zeros as fp32: the zeros are ReLU's, not underflow. Rounding can flip the ReLU
-# mask of pre-activations near 0 (which ones depends on the hardware's kernels), so allow 1% of
-# the elements either way rather than demand an exact match.
+# About as many zeros as fp32: they are ReLU's, not underflow. Rounding can flip the ReLU mask of
+# pre-activations near 0 (which ones depends on the kernels), so allow 1% either way.
 assert abs(zero_fraction(bf16_raw) - zero_fraction(true_grads)) <= 0.01
 assert true_grads[true_grads != 0].abs().min() > torch.finfo(torch.bfloat16).smallest_normal
 assert not info.needs_grad_scaler(torch.bfloat16)
 
 # %% [markdown]
 # bf16 pays for its range with precision (8 significant bits against fp16's 11), which the fp32
-# master weights absorb. A GradScaler with bf16 does no harm, but it does nothing useful, so the
-# usual pattern is one loop for both: `torch.amp.GradScaler(device_type, enabled=amp_dtype ==
-# torch.float16)`; with `enabled=False` every scaler call passes straight through.
+# master weights absorb. A GradScaler with bf16 does nothing useful, so one loop serves both:
+# `torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)`.
 #
 # ## What to remember
 #

@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from amp_tutorial.gradients import grad_norm, snapshot, update_norm
+from amp_tutorial.gradients import (
+    activation_grads,
+    grad_norm,
+    snapshot,
+    update_norm,
+    zero_fraction,
+)
 
 
 def test_grad_norm_is_what_clip_grad_norm_measures() -> None:
@@ -31,3 +37,28 @@ def test_update_norm_of_an_sgd_step_is_lr_times_grad_norm() -> None:
     assert update_norm(before, [w]) == pytest.approx(5.0)
     with pytest.raises(ValueError, match="1 saved tensors for 2"):
         update_norm(before, [w, w])
+
+
+def _conv_net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(2, 4, 1), torch.nn.ReLU(), torch.nn.Conv2d(4, 1, 1))
+
+
+def test_activation_grads_collects_every_conv_output_and_unscales() -> None:
+    x, y = torch.rand(1, 2, 8, 8), torch.rand(1, 1, 8, 8)
+    raw, unscaled = activation_grads(_conv_net(), x, y)
+    assert raw.dtype == torch.float32 and raw.numel() == 4 * 64 + 1 * 64  # both conv outputs
+    raw_scaled, unscaled_scaled = activation_grads(_conv_net(), x, y, loss_scale=2.0**10)
+    torch.testing.assert_close(raw_scaled, raw * 2.0**10)  # backward ran on the scaled loss
+    torch.testing.assert_close(unscaled_scaled, unscaled)  # a power of two divides out exactly
+    model = _conv_net()
+    activation_grads(model, x, y)
+    assert not model[0]._forward_hooks  # the hooks are removed again
+
+
+def test_activation_grads_in_fp16_are_fp16_and_zero_fraction_counts_them() -> None:
+    x, y = torch.rand(1, 2, 8, 8), torch.rand(1, 1, 8, 8)
+    raw, unscaled = activation_grads(_conv_net(), x, y, torch.float16)
+    assert raw.dtype == torch.float16 and unscaled.dtype == torch.float32
+    assert zero_fraction(torch.tensor([0.0, 1.0, 0.0, -2.0])) == 0.5
+    assert zero_fraction(raw) < 1.0

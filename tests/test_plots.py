@@ -55,3 +55,23 @@ def test_op_times_one_bar_per_row_coloured_by_precision():
     widths = sorted(p.get_width() for p in ax.patches[:2])
     assert widths == [0.5, 2.0]
     assert ax.patches[0].get_facecolor() != ax.patches[1].get_facecolor()
+
+
+def test_gradient_magnitudes_shifts_by_the_scale():
+    grads = torch.tensor([2.0**-30, 2.0**-20, 0.0, -(2.0**-10)])
+    fig = plots.plot_gradient_magnitudes(grads, 2.0**16, "gradients")
+    ax = fig.axes[0]
+    assert ax.get_title() == "gradients" and "log2" in ax.get_xlabel() and ax.get_ylabel()
+    true_bars, scaled_bars = ax.containers  # one histogram each; the zero is left out
+    assert sum(b.get_height() for b in true_bars) == 3 == sum(b.get_height() for b in scaled_bars)
+    lowest = min(b.get_x() for b in true_bars if b.get_height())
+    assert lowest == -30 and min(b.get_x() for b in scaled_bars if b.get_height()) == -14
+
+
+def test_scale_history_marks_the_skipped_steps():
+    fig = plots.plot_scale_history([8.0, 8.0, 4.0, 4.0], [False, True, False], "scale",
+                                   marked_step=1)
+    ax = fig.axes[0]
+    assert ax.get_title() == "scale" and ax.get_ylabel() == "scale (log2)"
+    (marked,) = ax.collections
+    assert marked.get_offsets().tolist() == [[1.0, 3.0]]  # step 1, log2(8)

@@ -110,3 +110,46 @@ def plot_op_times(rows: Sequence[Mapping[str, object]], title: str, top: int = 1
     ax.tick_params(axis="y", labelsize=7)
     fig.tight_layout()
     return fig
+
+
+def plot_gradient_magnitudes(grads: torch.Tensor, scale: float, title: str) -> Figure:
+    """Histogram of log2 |gradient| (zeros left out), and the same times ``scale``, against
+    float16's smallest subnormal and normal numbers and the band that rounds to 0 (lesson 02)."""
+    fp16 = torch.finfo(torch.float16)
+    subnormal, normal = fp16.smallest_normal * fp16.eps, fp16.smallest_normal
+    magnitudes = np.log2(grads[grads != 0].abs().float().cpu().numpy())
+    shift = np.log2(scale)
+    bins = np.arange(np.floor(magnitudes.min()), np.ceil(magnitudes.max()) + shift + 1, 0.5)
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.hist(magnitudes, bins=bins, alpha=0.7, label="true gradients (fp32)")
+    ax.hist(magnitudes + shift, bins=bins, alpha=0.7,
+            label=f"x 2^{shift:g} (what GradScaler feeds fp16)")
+    ax.axvspan(bins[0], np.log2(subnormal / 2), color="tab:red", alpha=0.12,
+               label="rounds to 0 in fp16 (below 2^-25)")
+    ax.axvline(np.log2(subnormal), color="tab:red", ls="--", label="fp16 smallest subnormal")
+    ax.axvline(np.log2(normal), color="tab:orange", ls="--", label="fp16 smallest normal")
+    ax.set(title=title, xlabel="gradient magnitude (log2; -24 is about 6e-8)",
+           ylabel="number of gradient values")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def plot_scale_history(scales: Sequence[float], skipped: Sequence[bool], title: str,
+                       marked_step: int | None = None) -> Figure:
+    """A GradScaler's scale per step (log2) with the skipped steps marked (lesson 02).
+
+    ``scales`` has one entry per step (the scale that step used) plus the final one;
+    ``marked_step`` draws a vertical line, e.g. where an inf was injected."""
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.step(range(len(scales)), np.log2(scales), where="post", label="scale used by the step")
+    skips = [s for s, skip in enumerate(skipped) if skip]
+    ax.scatter(skips, np.log2([scales[s] for s in skips]), color="tab:red", zorder=3,
+               label="skipped step (inf/NaN gradient)")
+    if marked_step is not None:
+        ax.axvline(marked_step, color="tab:red", ls=":", label="inf injected")
+    ax.set(title=title, xlabel="training step", ylabel="scale (log2)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
