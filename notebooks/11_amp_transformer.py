@@ -15,28 +15,24 @@
 # %% [markdown]
 # # 11 · AMP on a transformer: the float32 list, attention masks and the attention kernels
 #
-# Lessons 03 and 04 trained a per-pixel MLP. The models people train today are transformers, and
-# that is where AMP both pays off most and goes wrong most often: attention scores that overflow
-# float16, masks that turn into NaN, layer norm and softmax, a cross-entropy over a vocabulary,
-# and an attention kernel that is only fast in some dtypes.
+# Lessons 03-10 trained a per-pixel MLP. The models people train today are transformers, where
+# AMP both pays off most and goes wrong most often: attention scores that overflow float16, masks
+# that turn into NaN, layer norm and softmax, a cross-entropy over a vocabulary, and an attention
+# kernel that is only fast in some dtypes.
 #
-# We train a small decoder-only transformer (`amp_tutorial.transformer`: token and position
-# embeddings, causal self-attention through `F.scaled_dot_product_attention`, LayerNorm, a GELU
-# MLP, a vocabulary head) on a task generated in code: **reverse a random string of symbols**.
-# Every statement below is measured on the device this notebook runs on, and asserted.
-#
-# Sizes come from the preset (`paper` on a GPU, `cpu`, `smoke` in the test suite); seeds are fixed,
-# so every run starts from the same weights and sees the same batches.
+# We train a small decoder-only transformer (`amp_tutorial.transformer`: embeddings, causal
+# self-attention through `F.scaled_dot_product_attention`, LayerNorm, a GELU MLP, a vocabulary
+# head) on a task generated in code: **reverse a random string of symbols**. Every statement below
+# is measured on this device and asserted. Sizes come from the preset; seeds are fixed, so every
+# run starts from the same weights and sees the same batches.
 
 # %%
-import contextlib
-
 import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from amp_tutorial.attention import attention_ops, backend_runs
+from amp_tutorial.attention import attention_cost, attention_ops, backend_runs
 from amp_tutorial.bench import make_transformer_problem
 from amp_tutorial.device import describe_device, dtype_name, fp32_baseline, select_device
 from amp_tutorial.measure import (
@@ -69,11 +65,10 @@ print(f"preset {preset.name!r}: {sizes}")
 # ## The task and the model
 #
 # One example is a prompt of `seq_len / 2` random symbols, a separator, and the prompt reversed.
-# The model reads it left to right and must predict every next token; only the answer tokens (after
-# the separator) carry a loss, the prompt positions are marked `IGNORE_INDEX`. The answer token
-# at step *i* is the prompt token at position *L-1-i*, so nothing but attention can solve it.
-# `make_transformer_problem` is the function the benchmark uses too: one training batch per step,
-# and four held-out batches (another seed) to measure accuracy.
+# The model predicts every next token; only the answer tokens carry a loss (the prompt is marked
+# `IGNORE_INDEX`). Answer token *i* is prompt token *L-1-i*, so only attention can solve it.
+# `make_transformer_problem`, shared with the benchmark, gives one training batch per step and
+# four held-out batches (another seed) for accuracy.
 
 # %%
 config, train_batches, test_batches = make_transformer_problem(preset, info.device)
@@ -98,12 +93,11 @@ del model, logits
 # %% [markdown]
 # ## 1. fp32 against AMP, measured
 #
-# The same loop as lesson 03, with cross-entropy instead of MSE and AdamW. Only the forward pass
-# and the loss run under `torch.autocast`; float16 needs the GradScaler, bfloat16 does not
-# (`enabled=False` makes every scaler call a pass-through). Measured per run: time per step
-# (median and interquartile range after warm-up, device synchronised), the bytes autograd saves
-# for backward (every device), the allocator peak (GPUs), the loss of every step and the accuracy
-# on the held-out sequences.
+# The loop of lesson 03, with cross-entropy and AdamW: only the forward pass and the loss run under
+# `torch.autocast`; float16 needs the GradScaler, bfloat16 does not (`enabled=False` makes every
+# scaler call a pass-through). Measured per run: time per step (median and IQR after warm-up,
+# device synchronised), the bytes saved for backward, the allocator peak (GPUs), every step's
+# loss and the held-out accuracy.
 
 # %%
 def train(amp_dtype):
@@ -129,17 +123,13 @@ def train(amp_dtype):
     label = dtype_name(amp_dtype) if use_amp else fp32_baseline(info)
     timing, losses = time_steps(step, sizes.steps, info.device, sizes.warmup, desc=label)
     peak = peak_memory_bytes(info.device)
-
-    def forward_and_loss():
-        with torch.autocast(device_type=info.type, dtype=amp_dtype or torch.float32,
-                            enabled=use_amp):
-            sequence_loss(model(inputs), targets)
-
-    return {"timing": timing, "losses": losses, "peak": peak,
-            "saved": saved_activation_bytes(forward_and_loss), "scaler": scaler.is_enabled(),
+    with torch.autocast(device_type=info.type, dtype=amp_dtype or torch.float32, enabled=use_amp):
+        saved = saved_activation_bytes(lambda: sequence_loss(model(inputs), targets))
+    return {"timing": timing, "losses": losses, "peak": peak, "saved": saved,
             "accuracy": sequence_accuracy(model, test_batches, amp_dtype)}
 
 
+# %%
 baseline = fp32_baseline(info)
 runs = {baseline: train(None)}
 for amp_dtype in info.amp_dtypes:
@@ -179,15 +169,13 @@ results = pd.DataFrame({
 results.round(3)
 
 # %% [markdown]
-# Checked on every device: each run learns the task (accuracy at least the preset's target on
-# sequences it never saw; guessing gives 1 / number of symbols), AMP keeps at most 0.6 of fp32's
-# saved-activation bytes, and its accuracy is within one point of fp32's. Time is reported, not
-# asserted: `smoke` is too small to be faster in bf16, and the benchmark is where speed is measured.
-# On a CPU, bf16 is fast only with native bf16 instructions (AVX512-BF16 or AMX): without them
-# (AVX2, or AVX512 without its BF16 extension) PyTorch emulates bf16 matmuls, and bf16 is much
-# *slower* than fp32. The instruction set PyTorch reports (`get_cpu_capability()`) cannot tell:
-# an AMX CPU reports "AVX512" like one without bf16. The next cell prints what the course read
-# from the CPU's flags instead (`info.native_bf16`, with its notes).
+# Checked on every device: each run learns the task (at least the preset's accuracy on sequences
+# it never saw), AMP keeps at most 0.6 of fp32's saved-activation bytes, and its accuracy is within
+# one point of fp32's. Time is reported, not asserted (`smoke` is too small to be faster; the
+# benchmark measures speed). On a CPU, bf16 is fast only with native bf16 instructions
+# (AVX512-BF16 or AMX); without them PyTorch emulates bf16 matmuls, much *slower* than fp32.
+# `get_cpu_capability()` cannot tell (an AMX CPU reports "AVX512" too), so the next cell prints
+# what the course read from the CPU's flags (`info.native_bf16`).
 
 # %%
 for name, r in runs.items():
@@ -239,23 +227,20 @@ trace
 # %% [markdown]
 # How to read it (asserted below for this device):
 #
-# - The **linear layers** (`addmm`) and **attention** run in the low dtype: the weights are cast on
-#   the way in (`_to_copy` ops), the outputs are low precision. Linear, matmul and
-#   `scaled_dot_product_attention` are on autocast's lower-precision list on CPU and CUDA
-#   (`aten/src/ATen/autocast_mode.cpp`, `autocast_mode.h`).
+# - The **linear layers** (`addmm`) and **attention** run in the low dtype, weights cast on the way
+#   in (`_to_copy`): linear, matmul and `scaled_dot_product_attention` are on autocast's
+#   lower-precision list on CPU and CUDA (`aten/src/ATen/autocast_mode.cpp`, `autocast_mode.h`).
 # - The **residual stream stays float32**: `x + attn(...)` adds a float32 tensor and a
 #   low-precision one, and ordinary type promotion gives float32, autocast or not.
-# - **Layer norm** therefore receives float32 here and runs in float32, on every device. *Why it
-#   runs in float32 differs by device.* On CUDA, `layer_norm` and `native_layer_norm` are on
-#   autocast's float32 list, as are `softmax`/`log_softmax` (float32 with the output dtype set) and
-#   `nll_loss`: autocast casts their inputs up, whatever they are. On CPU, layer norm and softmax
-#   are on no list (of this model's ops only the loss, `cross_entropy_loss` / `nll_loss`, is on
-#   CPU's float32 list): a bf16 input to layer norm or softmax runs in bf16. The probe after the
-#   trace shows both.
-# - **Cross-entropy** over the vocabulary runs in float32 on both. Its log-softmax subtracts the
-#   row's maximum first, so no exp overflows; the reason is the sum of exps over the vocabulary,
-#   which in a 16-bit type loses the small terms. This task's vocabulary is small (11 to 33 tokens
-#   by preset, printed above), where it matters little; a language model's has tens of thousands.
+# - **Layer norm** therefore receives float32 here and runs in float32, on every device, for
+#   device-specific reasons. On CUDA, `layer_norm`, `softmax`/`log_softmax` (float32 output) and
+#   `nll_loss` are on autocast's float32 list: autocast casts their inputs up, whatever they are.
+#   On CPU, layer norm and softmax are on no list (of this model's ops only the loss,
+#   `cross_entropy_loss` / `nll_loss`, is): a bf16 input to them runs in bf16. The probe shows both.
+# - **Cross-entropy** runs in float32 on both. Its log-softmax subtracts the row's maximum, so no
+#   exp overflows; the reason is the sum of exps over the vocabulary, which in 16 bits loses the
+#   small terms. It matters little for this task's 11 to 33 tokens, a lot for a language model's
+#   tens of thousands.
 
 # %%
 assert any(t.op == "addmm" and t.output == low for t in block_ops), "linear not lowered"
@@ -269,11 +254,10 @@ logs = [t for t in loss_ops if "log_softmax" in t.op]
 assert logs and all(t.output == "fp32" for t in logs), "cross-entropy did not run in float32"
 
 # %% [markdown]
-# Now separate what autocast decides from what the op does anyway, with lesson 01's probe: each
-# op runs with autocast off and on, on float32 and on low-precision inputs, and only what changes
-# when autocast is switched on counts as autocast's rule. (Cross-entropy is read from the trace
-# above: on CPU `cross_entropy_loss` is itself on the float32 list; on CUDA it is made of
-# `log_softmax` and `nll_loss`, both float32 ops there.)
+# Lesson 01's probe separates what autocast decides from what the op does anyway: each op runs
+# with autocast off and on, on float32 and low-precision inputs; only what changes counts as
+# autocast's rule. (Cross-entropy was read from the trace: on CPU `cross_entropy_loss` is on the
+# float32 list; on CUDA its parts `log_softmax` and `nll_loss` are.)
 
 # %%
 policy = {p.op: p for p in autocast_policy(info.type, amp_dtype)}
@@ -289,10 +273,9 @@ elif info.type == "cuda":  # CUDA: layer_norm is a float32 op, softmax float32 u
     assert policy["layer_norm"].verdict == FP32 and policy["softmax"].verdict == FP32_OUT
 
 # %% [markdown]
-# On CPU a bf16 layer norm or softmax is not a float16 accident waiting to happen: bf16 has
-# float32's range, so nothing overflows. Measured here with large inputs: the bf16 kernels give
-# the float32 result (computed from the same bf16-rounded input) to within about one bf16 rounding
-# of the output (bf16's unit roundoff is 2^-8): they accumulate in float32 internally.
+# On CPU a bf16 layer norm or softmax is no float16 accident waiting to happen: bf16 has float32's
+# range, and with large inputs the bf16 kernels match float32 (on the same bf16-rounded input) to
+# about one bf16 rounding (2^-8): they accumulate in float32 internally.
 
 # %%
 wide = (torch.randn(64, 256, device=info.device) * 30).bfloat16()
@@ -307,14 +290,13 @@ for name, fn in {"softmax": lambda t: t.softmax(-1),
 # %% [markdown]
 # ## 3. Attention in float16: the two classic failures and their fixes
 #
-# These run on any device with explicit float16 tensors (CPU kernels included), so you can see
-# them without a GPU. float16's largest finite value is 65504.
+# These run with explicit float16 tensors on any device, CPU included. float16's largest finite
+# value is 65504.
 #
-# **Scores that overflow.** Attention scores are dot products of a query and a key: with head
-# dimension 64 and entries of 40 (large activations happen, e.g. without normalisation) one score
-# is 64 x 40 x 40 = 102400. Unscaled, float16 stores it as `inf`, and softmax of a row holding
-# `inf` is NaN. Scaling the query by 1/sqrt(d) *before* the product keeps it at 12800 (SDPA's
-# math backend multiplies q and k by the square root of the scale before its matmul, as the
+# **Scores that overflow.** A score is a query-key dot product: with head dimension 64 and entries
+# of 40 (large activations happen, e.g. without normalisation) it is 64 x 40 x 40 = 102400, `inf`
+# in float16, and softmax of a row holding `inf` is NaN. Scaling the query by 1/sqrt(d) *before*
+# the product keeps it at 12800 (SDPA's math backend scales q and k before its matmul, as the
 # trace in section 4 shows); bfloat16 holds even the unscaled value.
 
 # %%
@@ -333,16 +315,12 @@ print(f"unscaled bf16 score: {bf16_scores[0, 0].item():.0f}")
 
 # %% [markdown]
 # **A mask made of a large negative constant.** Many codebases hide padding or future tokens by
-# adding -1e9 (or -1e4, -1e5...) to the scores. In float16, -1e9 does not exist:
-#
-# - `masked_fill(mask, -1e9)` on a float16 tensor refuses to run (a RuntimeError);
-# - an additive mask built in float32 and cast to float16 becomes `-inf`, and a row where every
-#   position is masked (a fully padded sequence) is then all `-inf`: softmax gives 0/0 = NaN, and
-#   the NaN spreads through the next matmul into the loss.
-#
-# The fix is to use the limits of the dtype you compute in: `torch.finfo(scores.dtype).min` (a
-# fully masked row then becomes a harmless uniform row), or a boolean mask passed to
-# `F.scaled_dot_product_attention`, which handles masking itself.
+# adding -1e9 (or -1e4...) to the scores. In float16, -1e9 does not exist: `masked_fill(mask,
+# -1e9)` on a float16 tensor raises a RuntimeError, and an additive mask built in float32 and cast
+# to float16 becomes `-inf`, so a fully masked row (a padded sequence) is all `-inf` and softmax
+# gives 0/0 = NaN, which spreads into the loss. The fix: the limits of the dtype you compute in,
+# `torch.finfo(scores.dtype).min` (a fully masked row becomes a harmless uniform row), or a
+# boolean mask passed to `F.scaled_dot_product_attention`, which handles masking itself.
 
 # %%
 scores = torch.tensor([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]], dtype=torch.float16)
@@ -363,11 +341,9 @@ print("with finfo(float16).min:", fixed.tolist())
 assert torch.isfinite(fixed).all() and fixed[0, 0] == 1  # row 1: only the open position counts
 
 # %% [markdown]
-# Note what `-inf` itself does: it is the right value for a *partly* masked row (exp(-inf) = 0,
-# exactly) but gives NaN for a *fully* masked row, in every dtype. Models that can see a fully
-# masked row (padding in a batch) use `finfo(dtype).min`, or drop those rows. In bfloat16 the
-# constant -1e9 fits (the range is float32's), which is one reason bf16 needs neither a scaler nor
-# mask surgery.
+# `-inf` itself is right for a *partly* masked row (exp(-inf) = 0) but gives NaN for a *fully*
+# masked one, in every dtype: models that can see one (padding) use `finfo(dtype).min`. In bfloat16
+# -1e9 fits (float32's range), one reason bf16 needs neither a scaler nor mask surgery.
 
 # %%
 inf_row = scores.float().masked_fill(mask, float("-inf")).softmax(-1)
@@ -377,17 +353,14 @@ assert torch.isfinite(torch.tensor(-1e9, dtype=torch.bfloat16))
 # %% [markdown]
 # ## 4. Which attention kernel runs, and what the slow one costs
 #
-# `F.scaled_dot_product_attention` chooses a backend at run time. The backends are the members of
-# `torch.nn.attention.SDPBackend` (math, flash attention, memory-efficient, cuDNN, and an
-# "overrideable" one for extensions). On **CPU** PyTorch tries a fused flash-attention kernel
-# for float32, float64, bfloat16 and float16, then falls back to math
-# (`aten/src/ATen/native/transformers/sdp_utils_cpp.cpp`). On **NVIDIA GPUs** the flash kernel needs
-# float16 or bfloat16 and a GPU of compute capability 8.0 to 12.1 (Ampere or newer;
-# `check_flash_attention_hardware_support` in `cuda/sdp_utils.cpp`): in float32, or on an older
-# GPU, SDPA falls back to the memory-efficient or math kernel.
-#
-# Two ways to check, both used here: allow only one backend with `sdpa_kernel(...)` and see it run
-# or raise ("No viable backend"), and read the kernel's op name in the profiler.
+# `F.scaled_dot_product_attention` chooses one of the `torch.nn.attention.SDPBackend` members at
+# run time (math, flash attention, memory-efficient, cuDNN, "overrideable" for extensions). On
+# **CPU** it tries a fused flash kernel for float32, float64, bfloat16 and float16, then math
+# (`aten/src/ATen/native/transformers/sdp_utils_cpp.cpp`). On **NVIDIA GPUs** flash needs float16 or
+# bfloat16 and compute capability 8.0 to 12.1 (`check_flash_attention_hardware_support` in
+# `cuda/sdp_utils.cpp`); otherwise SDPA falls back to the memory-efficient or math kernel. Two
+# checks: allow one backend with `sdpa_kernel(...)` and see it run or raise ("No viable
+# backend"), and read the kernel's op name in the profiler.
 
 # %%
 heads, head_dim = config.n_heads, config.d_model // config.n_heads
@@ -420,33 +393,14 @@ elif info.type == "cuda" and torch.version.hip is None:
 # **The cost of the fallback.** The math backend is attention written out: `q @ k.T`, scale,
 # mask, softmax, `@ v`. It materialises the (seq x seq) score matrix per head and saves it for
 # backward; the fused kernels do not. Measured at this preset's attention size, forward and
-# backward, the default kernel against math forced with `sdpa_kernel(SDPBackend.MATH)`:
+# backward, the default kernel against math forced with `sdpa_kernel(SDPBackend.MATH)`
+# (`attention_cost` from `amp_tutorial.attention` times it and counts the saved bytes):
 
 # %%
-def attention_cost(backend, dt):
-    """Time and saved bytes of one causal attention, forward + backward; backend None = default."""
-    q, k, v = (torch.randn(qkv_shape, device=info.device, dtype=dt, requires_grad=True)
-               for _ in range(3))
-
-    def attend():
-        with sdpa_kernel(backend) if backend else contextlib.nullcontext():
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-    def step(_):
-        attend().sum().backward()
-        q.grad = k.grad = v.grad = None
-
-    reset_peak_memory(info.device)
-    timing, _ = time_steps(step, max(3, sizes.steps // 4), info.device, 1, progress=False)
-    peak = peak_memory_bytes(info.device)
-    return {"time fwd+bwd median (ms)": timing.median * 1e3, "IQR (ms)": timing.iqr * 1e3,
-            "saved for backward (MB)": saved_activation_bytes(attend) / 2**20,
-            "peak (MB)": peak / 2**20 if peak is not None else float("nan")}
-
-
-cost = pd.DataFrame({f"{dtype_name(dt)} {name}": attention_cost(backend, dt)
-                     for dt in dtypes
-                     for name, backend in (("default", None), ("math", SDPBackend.MATH))}).T
+cost = pd.DataFrame({
+    f"{dtype_name(dt)} {name}": attention_cost(backend, qkv_shape, dt, info.device,
+                                               steps=max(3, sizes.steps // 4))
+    for dt in dtypes for name, backend in (("default", None), ("math", SDPBackend.MATH))}).T
 cost.round(3)
 
 # %%
@@ -464,17 +418,14 @@ for dt in dtypes:
         assert saved_x > 1, f"{d}: math did not keep more than the fused kernel"
 
 # %% [markdown]
-# The score matrix grows with seq², what a fused kernel keeps (q, k, v, the output and one
-# log-sum-exp per row) grows with seq x head_dim, so the gap widens with longer sequences: at the
-# `smoke` size (sequence 16, head dimension 32) the fused kernel even keeps more.
-#
-# One more thing the trace shows, on every device: the math backend computes low-precision
-# attention in **float32**. It casts q, k and v up (`_to_copy` to fp32), runs the matmuls and the
-# softmax in float32 and casts the result back, so it loses AMP's speed *and* its memory saving
-# (`_scaled_dot_product_attention_math` in `aten/src/ATen/native/transformers/attention.cpp`). It
-# keeps fp16/bf16 only if you allow it with
-# `torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)` (a beta flag that, despite its
-# module, applies on every device).
+# The score matrix grows with seq², what a fused kernel keeps (q, k, v, output, one log-sum-exp
+# per row) with seq x head_dim: the gap widens with longer sequences (at `smoke`, sequence 16 and
+# head dimension 32, the fused kernel even keeps more). The trace below shows, on every device,
+# that the math backend computes low-precision attention in **float32**: it casts q, k and v up,
+# runs matmuls and softmax in float32 and casts the result back, losing AMP's speed *and* memory
+# saving (`_scaled_dot_product_attention_math` in `aten/src/ATen/native/transformers/attention.cpp`)
+# unless `torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)` allows fp16/bf16 (a beta
+# flag that, despite its module, applies on every device).
 
 # %%
 q, k, v = (torch.randn(qkv_shape, device=info.device, dtype=amp_dtype) for _ in range(3))

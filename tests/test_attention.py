@@ -1,10 +1,12 @@
 """Reading the SDPA kernel off the profiler, and forcing backends, on this CPU."""
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from amp_tutorial.attention import attention_ops, backend_runs
+from amp_tutorial.attention import attention_cost, attention_ops, backend_runs
 
 Q = torch.randn(1, 2, 8, 4)
 
@@ -26,3 +28,13 @@ def test_backend_runs_is_false_for_a_cuda_only_backend_on_cpu():
     assert backend_runs(SDPBackend.MATH, Q, Q, Q)
     assert backend_runs(SDPBackend.FLASH_ATTENTION, Q, Q, Q)
     assert not backend_runs(SDPBackend.EFFICIENT_ATTENTION, Q, Q, Q)
+
+
+def test_attention_cost_math_keeps_the_score_matrix():
+    shape = (1, 2, 64, 8)  # seq 64 > 2 x head_dim 8: the score matrix outweighs q, k, v, out
+    fused = attention_cost(None, shape, torch.float32, "cpu", steps=2)
+    slow = attention_cost(SDPBackend.MATH, shape, torch.float32, "cpu", steps=2)
+    score_bytes = 1 * 2 * 64 * 64 * 4
+    assert slow["saved for backward (MB)"] * 2**20 >= score_bytes
+    assert slow["saved for backward (MB)"] > fused["saved for backward (MB)"] > 0
+    assert fused["time fwd+bwd median (ms)"] > 0 and math.isnan(fused["peak (MB)"])  # CPU: no peak
