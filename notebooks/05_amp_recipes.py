@@ -97,6 +97,7 @@ def train(use_amp: bool, steps: int = preset.steps) -> tuple[nn.Module, list[flo
     return model, losses
 
 
+# %%
 def train_plain_fp32(steps: int = preset.steps) -> nn.Module:
     """The same training without any AMP code at all, as a reference."""
     model = new_model()
@@ -159,7 +160,7 @@ def accumulated_gradients(use_amp: bool, n_micro: int) -> list[torch.Tensor]:
     scaler.update()
     return gradients
 
-
+# %%
 def relative_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     flat_a, flat_b = torch.cat([t.flatten() for t in a]), torch.cat([t.flatten() for t in b])
     return ((flat_a - flat_b).norm() / flat_b.norm()).item()
@@ -220,6 +221,7 @@ def train_steps(run: dict, n: int, use_amp: bool = True) -> list[float]:
     return losses
 
 
+# %%
 HALF = preset.steps // 2
 uninterrupted = start_run()
 train_steps(uninterrupted, 2 * HALF)

@@ -98,6 +98,7 @@ if rules is not None:
     assert not {"mean", "max", "amax", "var", "std"} & set(rules)  # on no list
     print("reductions with an fp32 output on CUDA/XPU:", ", ".join(sorted(fp32_out)))
 
+# %%
 model = amp_model  # the AMP-trained model from above
 model.eval()
 with torch.autocast(info.type, dtype=amp_dtype):
@@ -117,6 +118,7 @@ assert prediction.dtype == amp_dtype
 assert gram.dtype == torch.float32 and gram.isfinite().all()
 
 
+# %%
 def mse_in_fp32(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """A custom loss that is safe under autocast: cast first, then compute and reduce in fp32."""
     return (prediction.float() - target.float()).pow(2).mean()
@@ -163,6 +165,7 @@ with torch.autocast(info.type, dtype=amp_dtype):
         refusal = err
     bce_logits = F.binary_cross_entropy_with_logits(logits, targets)
 
+# %%
 if refusal is not None:
     print(f"{info.type} autocast refused it:\n  RuntimeError: {refusal}")
     assert "unsafe to autocast" in str(refusal)
@@ -228,7 +231,7 @@ class LogCosh(torch.autograd.Function):
         grad = grad_output * torch.tanh(diff) / diff.numel()
         return grad, -grad
 
-
+# %%
 model = new_model()
 with torch.autocast(info.type, dtype=amp_dtype):
     prediction = model(inputs)

@@ -154,6 +154,7 @@ else:
 print(f"old GradScaler enabled: {old_scaler.is_enabled()}; old CUDA autocast active: "
       f"{old_cuda_autocast_on}")
 
+# %%
 with warnings.catch_warnings(record=True) as caught_new:  # the new names, "cuda" hard-coded
     warnings.simplefilter("always")
     new_scaler = torch.amp.GradScaler("cuda")
@@ -217,6 +218,7 @@ print(f"stopped: {stopped}")
 assert isinstance(stopped, NonFiniteLossError) and "at step 0" in str(stopped)
 
 
+# %%
 def forward_fp16() -> None:
     with torch.autocast(info.type, dtype=torch.float16):
         model(raw_inputs)
@@ -305,6 +307,7 @@ def memory_breakdown(use_amp: bool) -> dict[str, float]:
             "saved activations": activations}
 
 
+# %%
 memory = pd.DataFrame({"fp32": memory_breakdown(False),
                        f"AMP {dtype_name(amp_dtype)}": memory_breakdown(True)}) / 2**20
 memory.loc["total"] = memory.sum()

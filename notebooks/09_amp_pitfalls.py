@@ -84,6 +84,7 @@ def new_model() -> torch.nn.Module:
 N_STEPS = 8
 
 
+# %%
 def train_with_scheduler(step_scheduler_when_skipped: bool) -> tuple[pd.DataFrame, list[str]]:
     """fp16 AMP training with a StepLR scheduler; returns the per-step log and the warnings."""
     model = new_model()
@@ -115,6 +116,7 @@ def train_with_scheduler(step_scheduler_when_skipped: bool) -> tuple[pd.DataFram
     return pd.DataFrame(log).set_index("step"), [str(w.message) for w in caught]
 
 
+# %%
 naive_log, naive_warnings = train_with_scheduler(step_scheduler_when_skipped=True)
 display(naive_log)
 for message in naive_warnings:
@@ -175,6 +177,7 @@ for _ in range(COLLAPSE_STEPS):
     scales.append(scaler.get_scale())
     finite_losses.append(bool(torch.isfinite(loss)))
 
+# %%
 print(f"scale after {COLLAPSE_STEPS} steps: {scales[-1]:.3g}; finite losses: {sum(finite_losses)}")
 assert not any(finite_losses)  # the loss itself is not finite: a forward-pass problem
 assert scales[-1] == 2.0**16 * 0.5**COLLAPSE_STEPS < 1e-4  # halved at every single step
@@ -368,6 +371,7 @@ before = snapshot(params)
 scaler.step(optimizer)
 scaler.update()
 
+# %%
 fp32_model = new_model()  # the same starting weights, no autocast, no scaler
 fp32_grads = torch.autograd.grad(F.mse_loss(fp32_model(small_inputs), small_targets),
                                  list(fp32_model.parameters()))

@@ -70,7 +70,7 @@ def make_conv():
     return ConvModel(preset.hidden, preset.n_hidden_layers).to(info.device,
                                                              memory_format=MEMORY_FORMAT)
 
-
+# %%
 def make_transformer():
     torch.manual_seed(0)
     config = TransformerConfig(task.vocab_size, seq_len, d_model, n_layers, n_heads)
@@ -153,6 +153,7 @@ BACKEND, backend_reason = choose_backend()
 print(f"compile backend: {BACKEND} ({backend_reason})")
 
 
+# %%
 def train(model_name, amp_dtype, compiled, steps):
     make_model, inputs, targets, loss_fn = MODELS[model_name]
     model = make_model()
@@ -179,6 +180,7 @@ def train(model_name, amp_dtype, compiled, steps):
             "compile_s": first.median - timing.median if compiled else float("nan")}
 
 
+# %%
 compile_runs = []
 for model_name in MODELS:
     steps = preset.steps if model_name == "ConvModel" else min(preset.steps, 32)
@@ -332,7 +334,7 @@ def train_pure_bf16():
         lost.append(lost_update_share(model, optimizer, bf16_in, bf16_target))
     return model, optimizer, losses, lost
 
-
+# %%
 def training_bytes_per_weight(model, optimizer):
     """Bytes held per weight after a step: the weight, its gradient and Adam's two averages."""
     held = 0
@@ -388,6 +390,7 @@ def weight_bytes(model):
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+# %%
 fp32_bytes = weight_bytes(amp_model)
 with torch.inference_mode():
     reference = amp_model.eval()(image_in).float()

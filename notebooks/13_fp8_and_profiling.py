@@ -173,35 +173,38 @@ def fp8_capable():
     return cc >= (8, 9), f"NVIDIA compute capability {cc[0]}.{cc[1]} (FP8 needs 8.9 or newer)"
 
 
+# %%
+def train_transformer(use_fp8):
+    """The transformer compiled, under bf16 autocast; with use_fp8, torchao's float8 linears."""
+    model = make_transformer()
+    if use_fp8:  # every linear whose sizes are multiples of 16, except the vocabulary head
+        from torchao.float8 import convert_to_float8_training
+
+        convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn != "head" and (
+            m.in_features % 16 == 0 and m.out_features % 16 == 0))
+    net = torch.compile(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(i):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(info.type, dtype=torch.bfloat16):
+            loss = sequence_loss(net(tokens), token_targets)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    timing, losses = time_steps(step, min(preset.steps, 64), info.device, preset.warmup + 1,
+                                desc="FP8" if use_fp8 else "bf16")
+    return {"ms/step": timing.median * 1e3, "IQR (ms)": timing.iqr * 1e3, "final loss": losses[-1]}
+
+
+# %%
 FP8_COMPILE = preset.name != "smoke"  # the test suite's preset skips the compiled runs
 fp8_ok, fp8_reason = fp8_capable()
 has_torchao = importlib.util.find_spec("torchao") is not None
 print(f"FP8 hardware: {fp8_ok} ({fp8_reason}); torchao installed: {has_torchao}")
 fp8_runs = {}
 if fp8_ok and has_torchao and FP8_COMPILE:
-    from torchao.float8 import convert_to_float8_training
-
-    def train_transformer(use_fp8):
-        model = make_transformer()
-        if use_fp8:  # every linear whose sizes are multiples of 16, except the vocabulary head
-            convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn != "head" and (
-                m.in_features % 16 == 0 and m.out_features % 16 == 0))
-        net = torch.compile(model)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-        def step(i):
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(info.type, dtype=torch.bfloat16):
-                loss = sequence_loss(net(tokens), token_targets)
-            loss.backward()
-            optimizer.step()
-            return loss.item()
-
-        timing, losses = time_steps(step, min(preset.steps, 64), info.device, preset.warmup + 1,
-                                    desc="FP8" if use_fp8 else "bf16")
-        return {"ms/step": timing.median * 1e3, "IQR (ms)": timing.iqr * 1e3,
-                "final loss": losses[-1]}
-
     fp8_runs = {"bf16 AMP": train_transformer(False), "FP8 + bf16 AMP": train_transformer(True)}
     print(pd.DataFrame(fp8_runs).T.round(3))
     assert all(r["final loss"] < 10 for r in fp8_runs.values())
@@ -261,6 +264,7 @@ def profile_step(model_name):
     return prof, optimizer
 
 
+# %%
 profiles, optimizers = {}, {}
 for name in MODELS:
     profiles[name], optimizers[name] = profile_step(name)
@@ -271,6 +275,8 @@ COMPUTE = ("aten::convolution", "aten::addmm", "aten::mm", "aten::bmm",
            "aten::_scaled_dot_product_efficient_attention",
            "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_cudnn_attention")
 ENTRY = ("aten::conv2d", "aten::linear")  # where autocast steps in
+
+# %%
 for name, ops in op_tables.items():
     compute = ops[ops["op"].isin(COMPUTE)]
     print(f"{name}: the forward's matmul-type ops, as called and as computed:")
@@ -279,6 +285,9 @@ for name, ops in op_tables.items():
     entry = ops[ops["op"].isin(ENTRY)]
     assert entry["input dtypes"].str.contains("fp32").any()  # as called: fp32 weights
     assert entry["input dtypes"].str.fullmatch(rf"{low}(, {low})*").any()  # after the cast
+
+# %%
+for name in MODELS:  # the optimizer step of the same profiles
     adam = pd.DataFrame(op_dtype_rows(optimizer_step_events(profiles[name].events()), 0))
     update = adam[adam["op"].str.fullmatch(r"aten::(_foreach_)?(lerp|addcmul|addcdiv)_")]
     print(f"{name}: Adam's update ops\n{update.to_string(index=False)}")
@@ -332,6 +341,8 @@ if info.type == "cuda":
 else:
     print(f"No CUDA allocator on {info.type}: the memory snapshot needs a CUDA or ROCm GPU.")
 
+
+# %%
 def saved_mb(model_name, autocast_on):
     make_model, inputs, targets, loss_fn = MODELS[model_name]
     model = make_model()
