@@ -158,7 +158,7 @@ quantization
 # `pdm install -G fp8` adds it.
 #
 # Only linear layers are converted, so the transformer is the model for this; the ConvModel's
-# 1x1 convolutions stay as they are. The cell compares bf16 AMP with FP8 + bf16 AMP, both compiled;
+# 1x1 convolutions stay as they are. The cells compare bf16 AMP with FP8 + bf16 AMP, both compiled;
 # everywhere else it says what it would run and why it cannot.
 
 # %%
