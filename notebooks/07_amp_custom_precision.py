@@ -27,6 +27,7 @@
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm.auto import tqdm
 
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, dtype_name, select_device
@@ -52,15 +53,15 @@ def new_model(seed: int = 0) -> nn.Module:
 
 
 # %% [markdown]
-# The sections below work on a trained model, so first the AMP loop of lesson 03 trains one for the
-# preset's number of steps (the scaler is on only where the dtype needs it, float16).
+# The sections below need a trained model, not a good one, so first the AMP loop of lesson 03
+# trains one for a few steps (at most 16; the scaler is on only where the dtype needs it, float16).
 
 # %%
 amp_model = new_model()
 optimizer = torch.optim.Adam(amp_model.parameters(), lr=1e-3)
 scaler = torch.amp.GradScaler(info.type, enabled=info.needs_grad_scaler(amp_dtype))
 amp_losses = []
-for _ in range(preset.steps):
+for _ in tqdm(range(min(preset.steps, 16)), desc=f"AMP {dtype_name(amp_dtype)}"):
     optimizer.zero_grad(set_to_none=True)
     with torch.autocast(info.type, dtype=amp_dtype):
         loss = loss_fn(amp_model(inputs), targets)

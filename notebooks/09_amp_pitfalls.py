@@ -51,6 +51,7 @@ preset = get_preset(device_type=info.type)
 print(describe_device(info))
 print(f"preset {preset.name!r}: {preset.description}")
 
+# %%
 fp16_device = info.device if torch.float16 in info.amp_dtypes or info.type == "cpu" else (
     torch.device("cpu"))
 hidden = preset.hidden if fp16_device.type != "cpu" else min(preset.hidden, 16)  # see lesson 02
