@@ -63,14 +63,16 @@ PRESETS: dict[str, Preset] = {
                            "times longer on a CPU without native bf16 (AVX2 only); the "
                            "transformer is sized so that such a CPU trains it in a few minutes",
                # Sized for a CPU that emulates bf16 (AVX2, no avx512_bf16/AMX): there PyTorch's bf16
-               # matmul falls back to ATen's reference gemm, 5-35x slower than fp32 by layout, so
-               # the lesson's bf16 run sets the time. Measured on a 2-core AVX2 EPYC (Zen 3): about
-               # 0.1 s (fp32) and 0.6 s (bf16) per step here; both reach 1.0 held-out accuracy by
-               # step 100. Too small for bf16 to beat fp32 even with native bf16; that took the
-               # larger d_model=256, n_layers=4, seq_len=256, batch=16 (2.5x on an avx512_bf16
-               # EPYC, GUIDE.md), which costs about 90 s per bf16 step on the AVX2 CPU.
+               # matmul skips oneDNN and falls back to ATen's reference gemm, 1.5-35x slower than
+               # fp32 depending on the operands' layout, so the bf16 run sets the lesson's time.
+               # `bench --model transformer --preset cpu` on a 2-core AVX2 EPYC (Zen 3), shared:
+               # 18 ms (fp32) and 175 ms (bf16) per step, 56 s in all; both runs reach 1.0 held-out
+               # accuracy (they pass 0.9 between steps 50 and 100). The old size (d_model 256,
+               # 4 layers, seq 256) took about 5 s (fp32) and 90 s (bf16) per step on that CPU; it
+               # is the size where bf16 was 2.5x faster on an avx512_bf16 EPYC (GUIDE.md). At this
+               # size bf16 is not expected to beat fp32 even with native bf16 (not measured).
                transformer=TransformerSizes(d_model=64, n_layers=2, n_heads=4, seq_len=64,
-                                            batch=32, n_symbols=16, steps=150, warmup=3,
+                                            batch=16, n_symbols=16, steps=150, warmup=3,
                                             lr=3e-3, accuracy_target=0.9)),
         Preset("smoke", grid=32, hidden=16, n_hidden_layers=1, steps=12, warmup=2,
                inference_steps=6, description="tiny, for the test suite: checks code, not speed",
