@@ -87,7 +87,7 @@ def cpu_bf16_flags(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, ...] | None:
 
 
 def onednn_bf16() -> bool | None:
-    """Whether PyTorch runs bf16 matmuls and convolutions through oneDNN (mkldnn) on this CPU.
+    """Whether PyTorch runs bf16 matmuls through oneDNN (mkldnn) on this CPU.
 
     oneDNN's bf16 kernels need avx512bw/vl/dq or avx_ne_convert on x86 (``mkldnn_bf16_device_check``
     in ``aten/src/ATen/native/mkldnn/Utils.h``). Without them (an AVX2-only CPU) a bf16 matmul
