@@ -88,8 +88,10 @@ def test_transformer_table_names_the_model_and_accuracy():
                                 final_accuracy=0.96)]
     bench.add_ratios(results)
     info = bench.select_device("cpu")
+    sizes = bench.get_preset("cpu").transformer
     table = bench.format_table(info, bench.get_preset("cpu"), results, model="transformer")
-    assert "model: transformer (4 layers, width 256" in table
+    assert f"model: transformer ({sizes.n_layers} layers, width {sizes.d_model}," in table
+    assert f"seq {sizes.seq_len}, batch {sizes.batch}" in table
     assert "accuracy" in table and "0.960" in table and "2.00x" in table
 
 

@@ -17,6 +17,7 @@ from amp_tutorial.device import (
     dtype_name,
     fp32_baseline,
     has_fp32_precision_api,
+    onednn_bf16,
     select_device,
     set_strict_fp32,
     tf32_state,
@@ -157,3 +158,18 @@ def test_fp32_precision_api_detected_by_torch_version():
     major, minor = (int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
     if (major, minor) >= (2, 9):  # the fp32_precision settings are documented from torch 2.9
         assert has_fp32_precision_api()
+
+
+def test_onednn_bf16_follows_the_cpu_flags():
+    try:
+        flags = set(open("/proc/cpuinfo", encoding="utf-8").read().split())
+    except OSError:
+        pytest.skip("no /proc/cpuinfo")
+    if not {"avx2", "sse2"} & flags or onednn_bf16() is None:
+        pytest.skip("not an x86 CPU, or this torch has no oneDNN")
+    avx512_core = {"avx512bw", "avx512vl", "avx512dq"} <= flags
+    if avx512_core or "avx_ne_convert" in flags:
+        assert onednn_bf16() is True
+    else:  # an AVX2-only CPU: bf16 matmuls take ATen's fallback, and the device notes say so
+        assert onednn_bf16() is False
+        assert "oneDNN bf16 kernels: no" in describe_device(select_device("cpu"))

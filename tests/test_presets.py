@@ -35,3 +35,20 @@ def test_unknown_name_lists_the_valid_ones(monkeypatch):
     expected = r"'huge'.*AMP_TUTORIAL_PRESET.*auto, paper, cpu, smoke"
     with pytest.raises(UnknownPresetError, match=expected):
         get_preset()
+
+
+def test_transformer_sizes_shrink_from_paper_to_smoke():
+    paper, cpu, smoke = (PRESETS[n].transformer for n in ("paper", "cpu", "smoke"))
+    for field in ("d_model", "seq_len"):
+        assert getattr(paper, field) > getattr(cpu, field) >= getattr(smoke, field), field
+    assert paper.steps > cpu.steps > smoke.steps
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_transformer_task_is_not_solved_by_guessing(name):
+    sizes = PRESETS[name].transformer
+    assert sizes.d_model % sizes.n_heads == 0 and sizes.seq_len % 2 == 0
+    # the target is far above chance (1 / n_symbols per answer token), so a loop that does not
+    # learn misses it
+    assert sizes.accuracy_target >= 5 / sizes.n_symbols
+    assert sizes.warmup < sizes.steps

@@ -86,6 +86,24 @@ def cpu_bf16_flags(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, ...] | None:
     return None
 
 
+def onednn_bf16() -> bool | None:
+    """Whether PyTorch runs bf16 matmuls through oneDNN (mkldnn) on this CPU.
+
+    oneDNN's bf16 kernels need avx512bw/vl/dq or avx_ne_convert on x86 (``mkldnn_bf16_device_check``
+    in ``aten/src/ATen/native/mkldnn/Utils.h``). Without them (an AVX2-only CPU) a bf16 matmul
+    falls back to ATen's reference gemm (``cpublas_gemm_impl`` in ``native/cpu/BlasKernel.cpp``),
+    which is many times slower than fp32. PyTorch's own tests ask the same private op; None where
+    this torch has no oneDNN or not the op. Every lesson shows it in the device notes (lesson 08
+    explains it).
+    """
+    if not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def _cpu_bf16_note(flags: tuple[str, ...] | None) -> str:
     capability = torch.backends.cpu.get_cpu_capability()
     if flags is None:
@@ -93,10 +111,14 @@ def _cpu_bf16_note(flags: tuple[str, ...] | None) -> str:
                 f"{capability})")
     if flags:
         return f"native bf16 on this CPU: yes ({', '.join(flags)}; torch CPU kernels: {capability})"
-    return (f"native bf16 on this CPU: no (none of the flags {', '.join(CPU_BF16_FLAGS)}; torch "
-            f"CPU kernels: {capability}): without bf16 instructions every bf16 value is converted "
-            f"to fp32 for the arithmetic and back, so bf16 autocast can be slower than fp32 here, "
-            f"whatever the problem size")
+    text = (f"native bf16 on this CPU: no (none of the flags {', '.join(CPU_BF16_FLAGS)}; torch "
+            f"CPU kernels: {capability})")
+    if onednn_bf16() is False:
+        return (f"{text}; oneDNN bf16 kernels: no, so bf16 matmuls fall back to ATen's reference "
+                f"gemm (up to tens of times slower than fp32, by operand layout): bf16 autocast is "
+                f"slower than fp32 here, whatever the problem size")
+    return (f"{text}: without bf16 instructions every bf16 value is converted to fp32 for the "
+            f"arithmetic and back, so bf16 autocast can be slower than fp32 here")
 
 
 def _cuda_bf16_native(device: torch.device) -> bool:
