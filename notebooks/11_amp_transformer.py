@@ -171,11 +171,16 @@ results.round(3)
 # %% [markdown]
 # Checked on every device: each run learns the task (at least the preset's accuracy on sequences
 # it never saw), AMP keeps at most 0.6 of fp32's saved-activation bytes, and its accuracy is within
-# one point of fp32's. Time is reported, not asserted (`smoke` is too small to be faster; the
-# benchmark measures speed). On a CPU, bf16 is fast only with native bf16 instructions
-# (AVX512-BF16 or AMX); without them PyTorch emulates bf16 matmuls, much *slower* than fp32.
-# `get_cpu_capability()` cannot tell (an AMX CPU reports "AVX512" too), so the next cell prints
-# what the course read from the CPU's flags (`info.native_bf16`).
+# one point of fp32's. Time is reported, not asserted: `smoke` and `cpu` are too small for bf16 to
+# win, and the benchmark measures speed. On a CPU, bf16 is fast only with native bf16 instructions
+# (AVX512-BF16 or AMX). Without them there are two cases. With AVX512 (bw, vl, dq), oneDNN still
+# runs bf16 matmuls, converting to fp32 as it goes. With AVX2 only (many laptops), oneDNN's bf16
+# path is off (`mkldnn_bf16_device_check` in `aten/src/ATen/native/mkldnn/Utils.h`), and a bf16
+# matmul falls back to ATen's reference gemm. On a 2-core AVX2 EPYC that fallback ran about 4x
+# slower than fp32 for the forward `x @ W.T`, and 34x slower for the backward's `grad @ W`, so a
+# training step took about 10x as long. `get_cpu_capability()` cannot tell these cases apart (an
+# AMX CPU reports "AVX512" too), so the next cell prints what the course read from the CPU's
+# flags (`info.native_bf16`) and whether oneDNN's bf16 kernels run (`info.notes`).
 
 # %%
 for name, r in runs.items():

@@ -34,14 +34,15 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from amp_tutorial.bench import make_transformer_problem
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, dtype_name, select_device
 from amp_tutorial.measure import time_steps
 from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_bars, plot_losses
 from amp_tutorial.presets import get_preset
-from amp_tutorial.tasks import ReversalTask, sequence_loss
-from amp_tutorial.transformer import DecoderTransformer, TransformerConfig
+from amp_tutorial.tasks import sequence_loss
+from amp_tutorial.transformer import DecoderTransformer
 
 info = select_device()
 preset = get_preset(device_type=info.type)
@@ -52,17 +53,15 @@ print(describe_device(info))
 print(f"preset {preset.name!r}; low-precision dtype for this lesson: {dtype_name(LOW)}")
 
 # %% [markdown]
-# The two models and their data. The transformer's sizes follow the preset: at `cpu` it is the
-# 4-layer, 256-wide model on 16 sequences of 256 tokens.
+# The two models and their data. The transformer is lesson 11's, at the preset's sizes
+# (`make_transformer_problem`), trained here on one fixed batch: compile and precision are what
+# change between runs, not the data.
 
 # %%
 MEMORY_FORMAT = torch.channels_last
 image_in, image_target = make_problem(preset.grid, info.device, MEMORY_FORMAT)
-TRANSFORMER_SIZES = {  # (d_model, n_layers, n_heads, seq_len, batch)
-    "smoke": (32, 1, 2, 16, 4), "cpu": (256, 4, 4, 256, 16), "paper": (512, 6, 8, 512, 32)}
-d_model, n_layers, n_heads, seq_len, batch_size = TRANSFORMER_SIZES[preset.name]
-task = ReversalTask(n_symbols=16, seq_len=seq_len)
-(tokens, token_targets), = task.batches(1, batch_size, seed=0, device=info.device)
+config, train_batches, _ = make_transformer_problem(preset, info.device)
+tokens, token_targets = train_batches[0]
 
 
 def make_conv():
@@ -73,7 +72,6 @@ def make_conv():
 # %%
 def make_transformer():
     torch.manual_seed(0)
-    config = TransformerConfig(task.vocab_size, seq_len, d_model, n_layers, n_heads)
     return DecoderTransformer(config).to(info.device)
 
 
@@ -82,7 +80,8 @@ MODELS = {  # name -> (constructor, inputs, targets, loss function)
     "transformer": (make_transformer, tokens, token_targets, sequence_loss),
 }
 print(f"ConvModel: {preset.grid}x{preset.grid} image, hidden {preset.hidden}; transformer: "
-      f"d_model {d_model}, {n_layers} layers, batch {batch_size} x {seq_len} tokens")
+      f"d_model {config.d_model}, {config.n_layers} layers, batch {tokens.shape[0]} x "
+      f"{tokens.shape[1]} tokens")
 
 # %% [markdown]
 # ## 1. torch.compile with AMP
