@@ -13,7 +13,8 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -105,6 +106,52 @@ def _quantile(values: tuple[float, ...], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+class StepTimer:
+    """Times the steps of a loop you write yourself: ``with timer.step():`` around each step.
+
+    The first ``warmup`` steps run untimed (cuDNN/MIOpen pick kernels on first use); every later
+    step adds one sample. The device is synchronised before the clock starts (work queued before
+    the step is not counted) and before it stops (the step's own GPU work is). A step that raises
+    records nothing. ``timer.timing`` gives the median and interquartile range::
+
+        timer = StepTimer(device, warmup=3)
+        for batch in batches:
+            with timer.step():
+                ...  # zero_grad, autocast forward + loss, scaler.scale(loss).backward(), ...
+        print(timer.timing)
+
+    Used in lessons 03, 11.
+    """
+
+    def __init__(self, device: torch.device | str, warmup: int = 0) -> None:
+        if warmup < 0:
+            raise ValueError(f"warmup must be at least 0, got {warmup}")
+        self.device = torch.device(device)
+        self.warmup = warmup
+        self.steps_seen = 0  # warm-up steps included
+        self.samples: list[float] = []  # seconds, one per timed step
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """Time the block as one step (untimed while still warming up)."""
+        synchronize(self.device)
+        start = time.perf_counter()
+        yield
+        synchronize(self.device)
+        elapsed = time.perf_counter() - start
+        if self.steps_seen >= self.warmup:
+            self.samples.append(elapsed)
+        self.steps_seen += 1
+
+    @property
+    def timing(self) -> Timing:
+        """The timed steps' statistics; an error before the first step after warm-up."""
+        if not self.samples:
+            raise ValueError(f"no timed step yet: {self.steps_seen} step(s) seen, "
+                             f"the first {self.warmup} are warm-up")
+        return Timing(tuple(self.samples))
+
+
 def time_steps(
     step: Callable[[int], object],
     n_steps: int,
@@ -113,24 +160,26 @@ def time_steps(
     desc: str | None = None,
     progress: bool = True,
 ) -> tuple[Timing, list[object]]:
-    """Call ``step(i)`` for ``warmup`` untimed then ``n_steps`` timed iterations.
+    """A :class:`StepTimer` around ``step(i)``, for code that times a function rather than
+    showing its loop (the benchmark, one forward pass, one attention call).
 
-    The device is synchronised before each clock read. Returns the per-step timing and the list of
-    what the timed steps returned (e.g. losses as Python floats, so no graph is kept alive).
+    Calls ``step(-1)``, ``step(-2)``, ... for ``warmup`` untimed then ``step(0)`` ...
+    ``step(n_steps - 1)`` timed. Returns the timing and what the timed steps returned (e.g.
+    losses as Python floats, so no graph is kept alive).
+
+    Used in lessons 04, 11, 12, 13.
     """
     if n_steps < 1:
         raise ValueError(f"n_steps must be at least 1, got {n_steps}")
+    timer = StepTimer(device, warmup)
     for i in range(warmup):
-        step(-1 - i)
-    synchronize(device)
-    samples: list[float] = []
+        with timer.step():
+            step(-1 - i)
     results: list[object] = []
     for i in tqdm(range(n_steps), desc=desc, disable=not progress):
-        start = time.perf_counter()
-        results.append(step(i))
-        synchronize(device)
-        samples.append(time.perf_counter() - start)
-    return Timing(tuple(samples)), results
+        with timer.step():
+            results.append(step(i))
+    return timer.timing, results
 
 
 def saved_activation_bytes(fn: Callable[[], object]) -> int:
