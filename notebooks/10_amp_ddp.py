@@ -30,8 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from amp_tutorial.checkpoint import load_checkpoint
-from amp_tutorial.ddp import parameter_hash
+from amp_tutorial.checkpoint import load_checkpoint, parameter_hash
 from amp_tutorial.device import describe_device, select_device
 from amp_tutorial.models import ConvModel
 from amp_tutorial.presets import get_preset

@@ -19,7 +19,6 @@ statistics at every forward pass.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -33,7 +32,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from amp_tutorial.checkpoint import save_checkpoint
+from amp_tutorial.checkpoint import parameter_hash, save_checkpoint
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import DeviceNotAvailableError, dtype_name, select_device
 from amp_tutorial.models import ConvModel
@@ -70,15 +69,6 @@ class Summary:
     param_hashes: list[str] = field(default_factory=list)  # one per rank, in rank order
     final_scale: float | None = None
     checkpoint: str | None = None
-
-
-def parameter_hash(model: nn.Module) -> str:
-    """SHA-256 of every parameter's bytes, in order: equal hashes mean bit-identical parameters."""
-    digest = hashlib.sha256()
-    for name, param in model.named_parameters():
-        digest.update(name.encode())
-        digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def row_dataset(grid: int, device: torch.device) -> TensorDataset:
