@@ -61,11 +61,17 @@ DTYPES = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": t
 
 
 class DDPConfigError(ValueError):
-    """A setting that cannot work (device, dtype, sizes); raised before any process group exists."""
+    """A setting that cannot work (device, dtype, sizes); raised before any process group exists.
+
+    Used in lesson 10, through `python -m amp_tutorial.ddp`.
+    """
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse and check the options before any process group exists; exit 2 with a clear error."""
+    """Parse and check the options before any process group exists; exit 2 with a clear error.
+
+    Used in lesson 10, through `python -m amp_tutorial.ddp`.
+    """
     parser = argparse.ArgumentParser(
         prog="python -m amp_tutorial.ddp", description=__doc__.splitlines()[0],
         epilog="Launch N processes with: torchrun --standalone --nproc-per-node N -m "
@@ -139,7 +145,10 @@ def _amp_dtype(choice: str, device: torch.device) -> torch.dtype | None:
 
 def init_process_group(device: torch.device) -> None:
     """Join torchrun's process group (NCCL/RCCL on GPUs, Gloo on CPU), or without torchrun
-    create a one-process group in memory, so the same DDP code runs unchanged."""
+    create a one-process group in memory, so the same DDP code runs unchanged.
+
+    Used in lesson 10, through `python -m amp_tutorial.ddp`.
+    """
     device_id = None
     if device.type != "cpu":
         getattr(torch, device.type).set_device(device)  # torch.cuda / torch.xpu
@@ -153,7 +162,10 @@ def init_process_group(device: torch.device) -> None:
 
 
 def row_dataset(grid: int, device: torch.device) -> TensorDataset:
-    """The seed image as a dataset of rows: inputs (H, 2, 1, W) and targets (H, 1, 1, W)."""
+    """The seed image as a dataset of rows: inputs (H, 2, 1, W) and targets (H, 1, 1, W).
+
+    Used in lesson 10, through `python -m amp_tutorial.ddp`.
+    """
     inputs, targets = make_problem(grid, device)
     return TensorDataset(inputs[0].transpose(0, 1).unsqueeze(2),
                          targets[0].transpose(0, 1).unsqueeze(2))
@@ -163,7 +175,10 @@ def row_dataset(grid: int, device: torch.device) -> TensorDataset:
 
 @dataclass
 class Summary:
-    """What rank 0 writes as JSON: the setup, the loss per step, and every rank's parameter hash."""
+    """What rank 0 writes as JSON: the setup, the loss per step, and every rank's parameter hash.
+
+    Used in lesson 10 (it reads the JSON summary).
+    """
 
     world_size: int
     backend: str
@@ -183,7 +198,10 @@ class Summary:
 
 
 def train(args: argparse.Namespace) -> Summary:
-    """Train with DDP in an initialised process group; every rank returns the same Summary."""
+    """Train with DDP in an initialised process group; every rank returns the same Summary.
+
+    Used in lesson 10 (its source is shown there).
+    """
     rank, world_size = dist.get_rank(), dist.get_world_size()
     device = args.device_obj
     preset = get_preset(args.preset, device.type)
@@ -264,7 +282,10 @@ def train(args: argparse.Namespace) -> Summary:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Settings, setup, the loop; the process group is always left, also when training fails."""
+    """Settings, setup, the loop; the process group is always left, also when training fails.
+
+    Used in lesson 10 (its source is shown there).
+    """
     args = parse_args(argv)  # clear errors (exit 2) before any process group exists
     init_process_group(args.device_obj)
     try:

@@ -22,7 +22,10 @@ from tqdm.auto import tqdm
 
 
 def synchronize(device: torch.device | str) -> None:
-    """Wait until all queued work on ``device`` has finished (a no-op on CPU)."""
+    """Wait until all queued work on ``device`` has finished (a no-op on CPU).
+
+    Used in lessons 03, 04, 11, 12, 13 through `StepTimer` (before every clock read).
+    """
     device_type = torch.device(device).type
     if device_type == "cuda":
         torch.cuda.synchronize(device)
@@ -33,7 +36,10 @@ def synchronize(device: torch.device | str) -> None:
 
 
 def free_memory(device: torch.device | str) -> None:
-    """Drop unreferenced tensors and return cached blocks, so one run cannot count in the next."""
+    """Drop unreferenced tensors and return cached blocks, so one run cannot count in the next.
+
+    Used in lessons 03, 04, 11 through `reset_peak_memory`.
+    """
     gc.collect()
     device_type = torch.device(device).type
     if device_type == "cuda":
@@ -45,7 +51,10 @@ def free_memory(device: torch.device | str) -> None:
 
 
 def reset_peak_memory(device: torch.device | str) -> None:
-    """Free what can be freed, then start a new peak-memory window (no-op without allocator)."""
+    """Free what can be freed, then start a new peak-memory window (no-op without allocator).
+
+    Used in lessons 03, 04, 11.
+    """
     free_memory(device)
     device_type = torch.device(device).type
     if device_type == "cuda":
@@ -55,7 +64,10 @@ def reset_peak_memory(device: torch.device | str) -> None:
 
 
 def peak_memory_bytes(device: torch.device | str) -> int | None:
-    """Peak bytes held by tensors since the last reset; None where there are no allocator stats."""
+    """Peak bytes held by tensors since the last reset; None where there are no allocator stats.
+
+    Used in lessons 03, 04, 11.
+    """
     device_type = torch.device(device).type
     if device_type == "cuda":
         return torch.cuda.max_memory_allocated(device)
@@ -66,7 +78,10 @@ def peak_memory_bytes(device: torch.device | str) -> int | None:
 
 @dataclass(frozen=True)
 class Timing:
-    """Per-step wall times in seconds, with the statistics the course reports."""
+    """Per-step wall times in seconds, with the statistics the course reports.
+
+    Used in lessons 03, 04, 11, 12, 13.
+    """
 
     samples: tuple[float, ...]
 
@@ -186,6 +201,8 @@ def saved_activation_bytes(fn: Callable[[], object]) -> int:
     """Bytes of the tensors autograd saves for backward while ``fn()`` runs (e.g. a forward + loss).
 
     Storage shared by several saved tensors (a weight saved by two ops) is counted once.
+
+    Used in lessons 03, 08, 11, 13.
     """
     seen: dict[tuple[int, int], int] = {}
 
@@ -204,6 +221,8 @@ def activation_output_bytes(model: torch.nn.Module, fn: Callable[[], object]) ->
     """Bytes of every leaf module's output while ``fn()`` runs: the activations a forward produces.
 
     Works under ``torch.inference_mode``, where nothing is saved for backward.
+
+    Used in lesson 04.
     """
     total = 0
 
@@ -227,6 +246,8 @@ def op_dtype_rows(events: object, min_tensor_inputs: int = 1) -> list[dict[str, 
     the dtypes of their tensor inputs: calls and self time (CPU-side, microseconds).
 
     Shows which ops really ran in low precision and which in float32 (lesson 13).
+
+    Used in lesson 13.
     """
     rows: dict[tuple[str, str], dict[str, object]] = {}
     for event in events:  # prof.events(): one FunctionEvent per op call
@@ -246,6 +267,8 @@ def optimizer_step_events(events: object) -> list[object]:
     """The op calls made inside ``optimizer.step()`` of a ``torch.profiler`` run: every
     ``torch.optim`` optimizer wraps its step in an ``Optimizer.step#<Class>.step`` range, and its
     ops are that range's descendants (lesson 13).
+
+    Used in lesson 13.
     """
     found: list[object] = []
 
