@@ -35,6 +35,7 @@ def test_step_timer_records_one_time_per_step_after_warmup():
     assert timer.steps_seen == 5
     assert len(timer.samples) == 3  # one per step, the 2 warm-up steps left out
     assert all(0.009 < s < 0.045 for s in timer.samples)  # none of the slow warm-up steps
+    assert len(timer.warmup_samples) == 2 and all(s >= 0.05 for s in timer.warmup_samples)
     timing = timer.timing
     assert timing.samples == tuple(timer.samples)
     assert min(timer.samples) <= timing.median <= max(timer.samples)
@@ -55,7 +56,7 @@ def test_step_timer_records_nothing_for_a_step_that_raises():
     timer = StepTimer("cpu")
     with pytest.raises(RuntimeError), timer.step():
         raise RuntimeError("loss is nan")
-    assert timer.samples == [] and timer.steps_seen == 0
+    assert timer.samples == timer.warmup_samples == [] and timer.steps_seen == 0
     with pytest.raises(ValueError, match="no timed step yet"):
         timer.timing  # noqa: B018 - the property raises
 

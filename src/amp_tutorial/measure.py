@@ -124,8 +124,9 @@ def _quantile(values: tuple[float, ...], q: float) -> float:
 class StepTimer:
     """Times the steps of a loop you write yourself: ``with timer.step():`` around each step.
 
-    The first ``warmup`` steps run untimed (cuDNN/MIOpen pick kernels on first use); every later
-    step adds one sample. The device is synchronised before the clock starts (work queued before
+    The first ``warmup`` steps are left out of the statistics (cuDNN/MIOpen pick kernels on first
+    use, ``torch.compile`` compiles) and kept apart in ``warmup_samples``; every later step adds
+    one sample. The device is synchronised before the clock starts (work queued before
     the step is not counted) and before it stops (the step's own GPU work is). A step that raises
     records nothing. ``timer.timing`` gives the median and interquartile range::
 
@@ -143,20 +144,23 @@ class StepTimer:
             raise ValueError(f"warmup must be at least 0, got {warmup}")
         self.device = torch.device(device)
         self.warmup = warmup
-        self.steps_seen = 0  # warm-up steps included
         self.samples: list[float] = []  # seconds, one per timed step
+        self.warmup_samples: list[float] = []  # seconds, one per warm-up step
 
     @contextmanager
     def step(self) -> Iterator[None]:
-        """Time the block as one step (untimed while still warming up)."""
+        """Time the block as one step (kept apart in ``warmup_samples`` while warming up)."""
         synchronize(self.device)
         start = time.perf_counter()
         yield
         synchronize(self.device)
         elapsed = time.perf_counter() - start
-        if self.steps_seen >= self.warmup:
-            self.samples.append(elapsed)
-        self.steps_seen += 1
+        (self.samples if self.steps_seen >= self.warmup else self.warmup_samples).append(elapsed)
+
+    @property
+    def steps_seen(self) -> int:
+        """Steps that finished, warm-up included."""
+        return len(self.warmup_samples) + len(self.samples)
 
     @property
     def timing(self) -> Timing:
