@@ -136,7 +136,7 @@ class StepTimer:
                 ...  # zero_grad, autocast forward + loss, scaler.scale(loss).backward(), ...
         print(timer.timing)
 
-    Used in lessons 03, 11.
+    Used in lessons 03, 11, 12, 13.
     """
 
     def __init__(self, device: torch.device | str, warmup: int = 0) -> None:
@@ -186,7 +186,7 @@ def time_steps(
     ``step(n_steps - 1)`` timed. Returns the timing and what the timed steps returned (e.g.
     losses as Python floats, so no graph is kept alive).
 
-    Used in lessons 04, 11, 12, 13.
+    Used in lessons 04, 11, 12.
     """
     if n_steps < 1:
         raise ValueError(f"n_steps must be at least 1, got {n_steps}")
