@@ -31,19 +31,24 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from amp_tutorial import (
-    ConvModel,
-    StepTimer,
+from amp_tutorial.data import make_problem
+from amp_tutorial.device import (
     describe_device,
-    get_preset,
-    make_problem,
+    dtype_name,
+    fp32_baseline,
+    has_fp32_precision_api,
+    select_device,
+    tf32_state,
+)
+from amp_tutorial.measure import (
+    StepTimer,
     peak_memory_bytes,
     reset_peak_memory,
     saved_activation_bytes,
-    select_device,
 )
-from amp_tutorial.device import dtype_name, fp32_baseline, has_fp32_precision_api, tf32_state
+from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_bars, plot_image, plot_losses, plot_outputs
+from amp_tutorial.presets import get_preset
 
 info = select_device()
 preset = get_preset(device_type=info.type)
