@@ -60,7 +60,9 @@ def attention_cost(backend: SDPBackend | None, shape: tuple[int, int, int, int],
 
     Returns the median and IQR time (ms) of ``steps`` timed steps after one warm-up (device
     synchronised), the bytes autograd saves for backward (MB) and the allocator peak (MB; NaN
-    where the device has no allocator statistics). Used by lesson 11 to price the math fallback.
+    where the device has no allocator statistics).
+
+    Used in lesson 11 (to price the math fallback).
     """
     q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
                for _ in range(3))

@@ -58,7 +58,9 @@ def activation_grads(
     The forward runs under autocast in ``dtype`` (``None``: plain fp32) and backward runs on
     ``loss * loss_scale``. Returns ``(raw, unscaled)``, each flattened into one tensor: ``raw`` as
     backward computed them (their own dtype, still times ``loss_scale``), ``unscaled`` divided by
-    ``loss_scale`` in fp32. Used by lesson 02 to count fp16 gradients flushed to zero.
+    ``loss_scale`` in fp32.
+
+    Used in lesson 02 (to count fp16 gradients flushed to zero).
     """
     grads: list[torch.Tensor] = []
 
@@ -80,5 +82,8 @@ def activation_grads(
 
 
 def zero_fraction(values: torch.Tensor) -> float:
-    """The share of entries that are exactly zero (lesson 02: gradients lost to underflow)."""
+    """The share of entries that are exactly zero: gradients lost to underflow.
+
+    Used in lesson 02.
+    """
     return (values == 0).float().mean().item()

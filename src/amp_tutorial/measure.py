@@ -186,7 +186,7 @@ def time_steps(
     ``step(n_steps - 1)`` timed. Returns the timing and what the timed steps returned (e.g.
     losses as Python floats, so no graph is kept alive).
 
-    Used in lessons 04, 11, 12.
+    Used in lessons 04, 12; in lesson 11 through `attention_cost`.
     """
     if n_steps < 1:
         raise ValueError(f"n_steps must be at least 1, got {n_steps}")

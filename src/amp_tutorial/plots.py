@@ -72,7 +72,7 @@ def plot_losses(histories: Mapping[str, Sequence[float]], title: str = "Training
     """Loss per step (or per ``xlabel``, e.g. epoch) for each run, log scale; lesson 11 passes
     ``ylabel`` for its cross-entropy.
 
-    Used in lessons 03, 06, 11, 12.
+    Used in lessons 02, 03, 06, 11, 12.
     """
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for name, losses in histories.items():
@@ -132,7 +132,10 @@ def plot_op_times(rows: Sequence[Mapping[str, object]], title: str, top: int = 1
 
 def plot_gradient_magnitudes(grads: torch.Tensor, scale: float, title: str) -> Figure:
     """Histogram of log2 |gradient| (zeros left out), and the same times ``scale``, against
-    float16's smallest subnormal and normal numbers and the band that rounds to 0 (lesson 02)."""
+    float16's smallest subnormal and normal numbers and the band that rounds to 0.
+
+    Used in lesson 02.
+    """
     fp16 = torch.finfo(torch.float16)
     subnormal, normal = fp16.smallest_normal * fp16.eps, fp16.smallest_normal
     magnitudes = np.log2(grads[grads != 0].abs().float().cpu().numpy())
@@ -155,10 +158,13 @@ def plot_gradient_magnitudes(grads: torch.Tensor, scale: float, title: str) -> F
 
 def plot_scale_history(scales: Sequence[float], skipped: Sequence[bool], title: str,
                        marked_step: int | None = None) -> Figure:
-    """A GradScaler's scale per step (log2) with the skipped steps marked (lesson 02).
+    """A GradScaler's scale per step (log2) with the skipped steps marked.
 
     ``scales`` has one entry per step (the scale that step used) plus the final one;
-    ``marked_step`` draws a vertical line, e.g. where an inf was injected."""
+    ``marked_step`` draws a vertical line, e.g. where an inf was injected.
+
+    Used in lesson 02.
+    """
     fig, ax = plt.subplots(figsize=(8, 3.5))
     ax.step(range(len(scales)), np.log2(scales), where="post", label="scale used by the step")
     skips = [s for s, skip in enumerate(skipped) if skip]

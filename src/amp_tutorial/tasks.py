@@ -24,7 +24,7 @@ IGNORE_INDEX = -100  # cross_entropy's default ignore_index: prompt positions ca
 class ReversalTask:
     """Random strings of ``n_symbols`` symbols, followed by a separator and their reverse.
 
-    Used in lessons 11, 12, 13.
+    Used in lesson 12; in lessons 11, 13 through `make_transformer_problem`.
     """
 
     n_symbols: int
