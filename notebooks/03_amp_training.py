@@ -29,20 +29,26 @@
 # %%
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
-from amp_tutorial import (
-    ConvModel,
+from amp_tutorial.data import make_problem
+from amp_tutorial.device import (
     describe_device,
-    get_preset,
-    make_problem,
+    dtype_name,
+    fp32_baseline,
+    has_fp32_precision_api,
+    select_device,
+    tf32_state,
+)
+from amp_tutorial.measure import (
+    StepTimer,
     peak_memory_bytes,
     reset_peak_memory,
     saved_activation_bytes,
-    select_device,
-    time_steps,
 )
-from amp_tutorial.device import dtype_name, fp32_baseline, has_fp32_precision_api, tf32_state
+from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_bars, plot_image, plot_losses, plot_outputs
+from amp_tutorial.presets import get_preset
 
 info = select_device()
 preset = get_preset(device_type=info.type)
@@ -117,9 +123,11 @@ assert act_bytes > param_bytes
 # - **"speedup: 46%"** that was `1 - t_amp / t_fp32`, the fraction of time saved; as a speedup
 #   (`t_fp32 / t_amp`) that is 1.87x.
 #
-# `time_steps` (from the course package) does it the other way round:
+# `StepTimer` (from the course package) does it the other way round. The loop stays ours; we
+# wrap each step's body in `with timer.step():`, and the timer
 #
-# - runs a few **warm-up** steps untimed (cuDNN / MIOpen pick their kernels on first use),
+# - leaves the first few **warm-up** steps untimed (cuDNN / MIOpen pick their kernels on first
+#   use),
 # - **synchronises** the device before every clock read,
 # - times **every step** and reports the median and the interquartile range, not one total.
 #
@@ -149,19 +157,21 @@ def train_fp32():
     model = ConvModel(preset.hidden, preset.n_hidden_layers)
     model = model.to(info.device, memory_format=MEMORY_FORMAT)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    timer = StepTimer(info.device, warmup=preset.warmup)
+    losses = []
 
-    def step(i):
-        optimizer.zero_grad(set_to_none=True)
-        outputs = model(inputs)
-        loss = loss_fn(outputs, targets)
-        loss.backward()
-        optimizer.step()
-        return loss.item()
+    for _ in tqdm(range(preset.warmup + preset.steps), desc="fp32"):
+        with timer.step():
+            optimizer.zero_grad(set_to_none=True)
+            outputs = model(inputs)
+            loss = loss_fn(outputs, targets)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
 
-    timing, losses = time_steps(step, preset.steps, info.device, preset.warmup, desc="fp32")
     peak = peak_memory_bytes(info.device)
     saved = saved_activation_bytes(lambda: loss_fn(model(inputs), targets))
-    return {"timing": timing, "losses": losses, "peak": peak, "saved": saved,
+    return {"timing": timer.timing, "losses": losses, "peak": peak, "saved": saved,
             "prediction": predict(model)}
 
 
@@ -169,7 +179,8 @@ baseline_name = fp32_baseline(info)
 runs = {baseline_name: train_fp32()}
 print(f"{baseline_name}: {runs[baseline_name]['timing']}")
 timed = runs[baseline_name]["timing"].samples
-assert len(timed) == len(runs[baseline_name]["losses"]) == preset.steps  # warm-up not timed
+assert len(runs[baseline_name]["losses"]) == preset.warmup + preset.steps  # every step trained
+assert len(timed) == preset.steps  # one time per step, the warm-up steps not timed
 
 # %% [markdown]
 # On NVIDIA Ampere and newer GPUs, "fp32" convolutions actually use **TF32** tensor cores unless
@@ -183,7 +194,8 @@ assert len(timed) == len(runs[baseline_name]["losses"]) == preset.steps  # warm-
 print(f"torch {torch.__version__}: fp32_precision settings "
       f"{'available' if has_fp32_precision_api() else 'absent, allow_tf32 used'}; "
       f"TF32 allowed now: {tf32_state()}")
-#
+
+# %% [markdown]
 # ## 2. The AMP loop
 #
 # Three changes, each marked:
@@ -203,19 +215,20 @@ def train_amp(amp_dtype):
     model = model.to(info.device, memory_format=MEMORY_FORMAT)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler(info.type, enabled=info.needs_grad_scaler(amp_dtype))  # (2, 3)
+    timer = StepTimer(info.device, warmup=preset.warmup)
+    losses = []
 
-    def step(i):
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device_type=info.type, dtype=amp_dtype):  # (1) forward + loss only
-            outputs = model(inputs)
-            loss = loss_fn(outputs, targets)
-        scaler.scale(loss).backward()  # (2) scaled loss -> scaled gradients
-        scaler.step(optimizer)  # unscale, skip if inf/NaN, else optimizer.step()
-        scaler.update()  # adapt the scale factor
-        return loss.item()
+    for _ in tqdm(range(preset.warmup + preset.steps), desc=dtype_name(amp_dtype)):
+        with timer.step():
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device_type=info.type, dtype=amp_dtype):  # (1) forward + loss
+                outputs = model(inputs)
+                loss = loss_fn(outputs, targets)
+            scaler.scale(loss).backward()  # (2) scaled loss -> scaled gradients
+            scaler.step(optimizer)  # unscale, skip if inf/NaN, else optimizer.step()
+            scaler.update()  # adapt the scale factor
+            losses.append(loss.item())
 
-    timing, losses = time_steps(step, preset.steps, info.device, preset.warmup,
-                                desc=dtype_name(amp_dtype))
     peak = peak_memory_bytes(info.device)
 
     def forward_and_loss():
@@ -223,7 +236,7 @@ def train_amp(amp_dtype):
             loss_fn(model(inputs), targets)
 
     saved = saved_activation_bytes(forward_and_loss)
-    return {"timing": timing, "losses": losses, "peak": peak, "saved": saved,
+    return {"timing": timer.timing, "losses": losses, "peak": peak, "saved": saved,
             "scaler": scaler.is_enabled(), "prediction": predict(model)}
 
 

@@ -34,6 +34,7 @@
 # %%
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, dtype_name, fp32_baseline, select_device
@@ -69,7 +70,7 @@ model = ConvModel(preset.hidden, preset.n_hidden_layers)
 model = model.to(info.device, memory_format=MEMORY_FORMAT)
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 train_step = make_train_step(model, optimizer, inputs, targets)
-_, losses = time_steps(train_step, preset.steps, info.device, desc="training (fp32)")
+losses = [train_step(i) for i in tqdm(range(preset.steps), desc="training (fp32)")]
 print(f"trained {preset.steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 del optimizer, train_step
 model.eval()

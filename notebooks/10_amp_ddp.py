@@ -24,14 +24,17 @@
 # the test suite; the last cell says how to run it on several GPUs.
 
 # %%
+import inspect
 import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from amp_tutorial.checkpoint import load_checkpoint
-from amp_tutorial.ddp import parameter_hash
+from IPython.display import Markdown, display
+
+from amp_tutorial.checkpoint import load_checkpoint, parameter_hash
+from amp_tutorial.ddp import main, train
 from amp_tutorial.device import describe_device, select_device
 from amp_tutorial.models import ConvModel
 from amp_tutorial.presets import get_preset
@@ -72,6 +75,38 @@ work_dir = Path(scratch.name)  # the DDP run writes its checkpoint and summary h
 # python -m amp_tutorial.ddp --preset smoke      # one process, no torchrun
 # ```
 #
+# Every process runs `train` below, read from the script's source: per process a
+# `DistributedSampler`, the model wrapped in `DistributedDataParallel` and one GradScaler, then
+# the loop with the AMP lines of lesson 03 unchanged, then every rank's parameter hash and rank 0's
+# files. `main` joins the process group around it and leaves it in a `finally`.
+
+# %%
+loop_source = inspect.getsource(train)
+main_source = inspect.getsource(main)
+display(Markdown(f"```python\n{loop_source}```"), Markdown(f"```python\n{main_source}```"))
+
+# The lines this section teaches are there, once each, in this order ...
+loop_lines = loop_source.splitlines()
+taught = ["torch.amp.GradScaler(", "for epoch in", "sampler.set_epoch(epoch)",
+          "with torch.autocast(", "scaler.scale(loss).backward()", "scaler.step(optimizer)",
+          "scaler.update()"]
+where = {text: [i for i, line in enumerate(loop_lines) if text in line] for text in taught}
+assert all(len(found) == 1 for found in where.values()), where
+assert [where[text][0] for text in taught] == sorted(where[text][0] for text in taught)
+
+
+def indent(text):
+    line = loop_lines[where[text][0]]
+    return len(line) - len(line.lstrip())
+
+
+# ... backward runs outside autocast (same indentation as the `with`), the scaler is made once
+# per process before the loop, and the process group is destroyed in a `finally`.
+assert indent("scaler.scale(loss).backward()") == indent("with torch.autocast(")
+assert indent("torch.amp.GradScaler(") <= indent("for epoch in")  # not inside the loop
+assert "finally:\n        dist.destroy_process_group()" in main_source
+
+# %% [markdown]
 # Below it runs with 2 CPU processes at the `smoke` preset (`torchrun` is
 # `python -m torch.distributed.run`; `--standalone` picks a free port on this machine).
 # Rank 0 writes a JSON summary with every rank's hash of its parameters.

@@ -31,15 +31,16 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from tqdm.auto import tqdm
 
 from amp_tutorial.attention import attention_cost, attention_ops, backend_runs
 from amp_tutorial.bench import make_transformer_problem
 from amp_tutorial.device import describe_device, dtype_name, fp32_baseline, select_device
 from amp_tutorial.measure import (
+    StepTimer,
     peak_memory_bytes,
     reset_peak_memory,
     saved_activation_bytes,
-    time_steps,
 )
 from amp_tutorial.plots import plot_bars, plot_losses
 from amp_tutorial.policy import (
@@ -108,24 +109,25 @@ def train(amp_dtype):
     model = DecoderTransformer(config).to(info.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sizes.lr)
     scaler = torch.amp.GradScaler(info.type, enabled=use_amp and info.needs_grad_scaler(amp_dtype))
-
-    def step(i):
-        inputs, targets = train_batches[i % len(train_batches)]
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device_type=info.type, dtype=amp_dtype or torch.float32,
-                            enabled=use_amp):  # forward + loss only
-            loss = sequence_loss(model(inputs), targets)
-        scaler.scale(loss).backward()  # a pass-through unless the scaler is enabled (fp16)
-        scaler.step(optimizer)
-        scaler.update()
-        return loss.item()
+    timer = StepTimer(info.device, warmup=sizes.warmup)  # the first steps are not timed
+    losses = []
 
     label = dtype_name(amp_dtype) if use_amp else fp32_baseline(info)
-    timing, losses = time_steps(step, sizes.steps, info.device, sizes.warmup, desc=label)
+    for inputs, targets in tqdm(train_batches, desc=label):  # warmup + steps batches
+        with timer.step():
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device_type=info.type, dtype=amp_dtype or torch.float32,
+                                enabled=use_amp):  # forward + loss only
+                loss = sequence_loss(model(inputs), targets)
+            scaler.scale(loss).backward()  # a pass-through unless the scaler is enabled (fp16)
+            scaler.step(optimizer)
+            scaler.update()
+            losses.append(loss.item())
+
     peak = peak_memory_bytes(info.device)
     with torch.autocast(device_type=info.type, dtype=amp_dtype or torch.float32, enabled=use_amp):
         saved = saved_activation_bytes(lambda: sequence_loss(model(inputs), targets))
-    return {"timing": timing, "losses": losses, "peak": peak, "saved": saved,
+    return {"timing": timer.timing, "losses": losses, "peak": peak, "saved": saved,
             "accuracy": sequence_accuracy(model, test_batches, amp_dtype)}
 
 
@@ -140,14 +142,14 @@ for name, r in runs.items():
 # %% [markdown]
 # The benchmark (`pdm run bench --model transformer`) runs `make_sequence_train_step` from the
 # package. It is this loop: started from the same seed on the same batches, its first steps give
-# the same losses as the fp32 run above.
+# the same losses as the fp32 run above (`step(i)` trains on batch `i`).
 
 # %%
 torch.manual_seed(0)
 check_model = DecoderTransformer(config).to(info.device)
 check_step = make_sequence_train_step(
     check_model, torch.optim.AdamW(check_model.parameters(), lr=sizes.lr), train_batches)
-_, check_losses = time_steps(check_step, 2, info.device, sizes.warmup, progress=False)
+check_losses = [check_step(i) for i in range(2)]
 assert check_losses == runs[baseline]["losses"][:2], (check_losses, runs[baseline]["losses"][:2])
 del check_model, check_step
 

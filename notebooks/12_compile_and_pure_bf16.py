@@ -33,11 +33,12 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
+from tqdm.auto import tqdm
 
 from amp_tutorial.bench import make_transformer_problem
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, dtype_name, select_device
-from amp_tutorial.measure import time_steps
+from amp_tutorial.measure import StepTimer, time_steps
 from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_bars, plot_losses
 from amp_tutorial.presets import get_preset
@@ -160,23 +161,24 @@ def train(model_name, amp_dtype, compiled, steps):
     scaler = torch.amp.GradScaler(
         info.type, enabled=amp_dtype is not None and info.needs_grad_scaler(amp_dtype))
     net = torch.compile(model, backend=BACKEND) if compiled else model
-
-    def step(i):
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(info.type, dtype=amp_dtype or torch.float32,
-                            enabled=amp_dtype is not None):
-            loss = loss_fn(net(inputs), targets)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        return loss.item()
-
-    first, _ = time_steps(step, 1, info.device, progress=False)  # compiles when compiled
     label = f"{'compiled' if compiled else 'eager'} {dtype_name(amp_dtype)}"
-    timing, losses = time_steps(step, steps, info.device, max(preset.warmup - 1, 0),
-                                desc=f"{model_name} {label}")
+    timer = StepTimer(info.device, warmup=max(preset.warmup, 1))  # the first step compiles
+    losses = []
+
+    for _ in tqdm(range(timer.warmup + steps), desc=f"{model_name} {label}"):
+        with timer.step():
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(info.type, dtype=amp_dtype or torch.float32,
+                                enabled=amp_dtype is not None):
+                loss = loss_fn(net(inputs), targets)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            losses.append(loss.item())
+
+    timing, first = timer.timing, timer.warmup_samples[0]
     return {"model": model_name, "run": label, "timing": timing, "losses": losses,
-            "compile_s": first.median - timing.median if compiled else float("nan")}
+            "compile_s": first - timing.median if compiled else float("nan")}
 
 
 # %%

@@ -32,6 +32,7 @@ import os
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from amp_tutorial.bench import make_transformer_problem
 from amp_tutorial.data import make_problem
@@ -43,10 +44,10 @@ from amp_tutorial.device import (
     set_strict_fp32,
 )
 from amp_tutorial.measure import (
+    StepTimer,
     op_dtype_rows,
     optimizer_step_events,
     saved_activation_bytes,
-    time_steps,
 )
 from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_op_times
@@ -184,17 +185,19 @@ def train_transformer(use_fp8):
             m.in_features % 16 == 0 and m.out_features % 16 == 0))
     net = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    timer = StepTimer(info.device, warmup=preset.warmup + 1)  # the first step compiles
+    losses = []
 
-    def step(i):
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(info.type, dtype=torch.bfloat16):
-            loss = sequence_loss(net(tokens), token_targets)
-        loss.backward()
-        optimizer.step()
-        return loss.item()
+    for _ in tqdm(range(timer.warmup + min(preset.steps, 64)), desc="FP8" if use_fp8 else "bf16"):
+        with timer.step():
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(info.type, dtype=torch.bfloat16):
+                loss = sequence_loss(net(tokens), token_targets)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
 
-    timing, losses = time_steps(step, min(preset.steps, 64), info.device, preset.warmup + 1,
-                                desc="FP8" if use_fp8 else "bf16")
+    timing = timer.timing
     return {"ms/step": timing.median * 1e3, "IQR (ms)": timing.iqr * 1e3, "final loss": losses[-1]}
 
 

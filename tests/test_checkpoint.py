@@ -1,4 +1,5 @@
-"""save_checkpoint / load_checkpoint: model, optimizer and scaler round-trip; fp32 <-> AMP."""
+"""save_checkpoint / load_checkpoint: model, optimizer and scaler round-trip; fp32 <-> AMP;
+parameter_hash: equal exactly when the parameters are bit-identical."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from amp_tutorial.checkpoint import load_checkpoint, save_checkpoint
+from amp_tutorial.checkpoint import load_checkpoint, parameter_hash, save_checkpoint
 
 
 def _setup(scaler_enabled: bool) -> tuple[nn.Module, torch.optim.Optimizer, torch.amp.GradScaler]:
@@ -67,3 +68,18 @@ def test_wrapped_models_save_plain_keys_and_foreign_files_are_refused(tmp_path: 
     torch.save({"weight": model.weight}, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="not a checkpoint written by save_checkpoint"):
         load_checkpoint(tmp_path / "other.pt", model)
+
+
+def test_parameter_hash_is_equal_exactly_when_parameters_are_bit_identical(
+        tmp_path: Path) -> None:
+    model, optimizer, scaler = _setup(True)
+    _train(model, optimizer, scaler, 2)
+    save_checkpoint(tmp_path / "ckpt.pt", model, optimizer, scaler)
+    restored, _, _ = _setup(True)
+    assert parameter_hash(restored) != parameter_hash(model)
+    load_checkpoint(tmp_path / "ckpt.pt", restored)
+    assert parameter_hash(restored) == parameter_hash(model)
+    assert parameter_hash(nn.DataParallel(restored)) == parameter_hash(model)  # wrapper unwrapped
+    with torch.no_grad():  # one ulp in one weight is a different hash
+        restored.weight[0, 0] = torch.nextafter(restored.weight[0, 0], torch.tensor(1e9))
+    assert parameter_hash(restored) != parameter_hash(model)

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from amp_tutorial.checkpoint import load_checkpoint
-from amp_tutorial.ddp import main, parameter_hash
+from amp_tutorial.checkpoint import load_checkpoint, parameter_hash
+from amp_tutorial.ddp import main
 from amp_tutorial.models import ConvModel
 from amp_tutorial.presets import get_preset
 

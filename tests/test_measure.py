@@ -5,13 +5,16 @@ import time
 import pytest
 import torch
 
+from amp_tutorial import measure
 from amp_tutorial.measure import (
+    StepTimer,
     Timing,
     activation_output_bytes,
     op_dtype_rows,
     peak_memory_bytes,
     reset_peak_memory,
     saved_activation_bytes,
+    synchronize,
     time_steps,
 )
 
@@ -22,6 +25,77 @@ def test_timing_statistics():
     assert (t.q1, t.q3, t.iqr) == (2.0, 4.0, 2.0)
     assert t.total == 15.0
     assert "3000.00 ms/step" in str(t) and "n=5" in str(t)
+
+
+def test_step_timer_records_one_time_per_step_after_warmup():
+    timer = StepTimer("cpu", warmup=2)
+    for i in range(5):
+        with timer.step():
+            time.sleep(0.05 if i < 2 else 0.01)  # warm-up steps are slow, like a first kernel call
+    assert timer.steps_seen == 5
+    assert len(timer.samples) == 3  # one per step, the 2 warm-up steps left out
+    assert all(0.009 < s < 0.045 for s in timer.samples)  # none of the slow warm-up steps
+    assert len(timer.warmup_samples) == 2 and all(s >= 0.05 for s in timer.warmup_samples)
+    timing = timer.timing
+    assert timing.samples == tuple(timer.samples)
+    assert min(timer.samples) <= timing.median <= max(timer.samples)
+    assert timing.q1 <= timing.median <= timing.q3
+
+
+def test_step_timer_measures_the_block_it_wraps():
+    timer = StepTimer("cpu")
+    with timer.step():
+        time.sleep(0.03)
+    with timer.step():
+        pass
+    slow, fast = timer.samples
+    assert slow >= 0.03 > fast
+
+
+def test_step_timer_records_nothing_for_a_step_that_raises():
+    timer = StepTimer("cpu")
+    with pytest.raises(RuntimeError), timer.step():
+        raise RuntimeError("loss is nan")
+    assert timer.samples == timer.warmup_samples == [] and timer.steps_seen == 0
+    with pytest.raises(ValueError, match="no timed step yet"):
+        timer.timing  # noqa: B018 - the property raises
+
+
+def test_step_timer_syncs_a_gpu_before_each_clock_read(monkeypatch):
+    # No GPU here: the sync hook is replaced by one that waits 20 ms like a queue draining, and
+    # logs when it runs. The clock is real.
+    events = []
+
+    def fake_sync(device):
+        events.append(("sync", torch.device(device).type))
+        time.sleep(0.02)
+
+    monkeypatch.setattr(measure, "synchronize", fake_sync)
+    timer = StepTimer("cuda")
+    for _ in range(2):
+        with timer.step():
+            events.append(("body", None))
+    assert events == [("sync", "cuda"), ("body", None), ("sync", "cuda")] * 2
+    # the closing sync is inside the timed window (the step's GPU work counts), the opening one not
+    assert all(s >= 0.02 for s in timer.samples)
+
+
+def test_synchronize_waits_on_gpus_and_does_nothing_on_cpu(monkeypatch):
+    calls = []
+    for backend in ("cuda", "mps", "xpu"):
+        module = getattr(torch, backend)
+        monkeypatch.setattr(module, "synchronize",
+                            lambda *args, b=backend: calls.append(b), raising=False)
+    synchronize("cpu")
+    assert calls == []
+    for backend in ("cuda", "mps", "xpu"):
+        synchronize(backend)
+    assert calls == ["cuda", "mps", "xpu"]
+
+
+def test_step_timer_rejects_negative_warmup():
+    with pytest.raises(ValueError, match="at least 0"):
+        StepTimer("cpu", warmup=-1)
 
 
 def test_time_steps_runs_warmup_untimed_and_times_each_step():

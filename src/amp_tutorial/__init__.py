@@ -18,6 +18,7 @@ One module per job:
 from amp_tutorial.data import generate_grid, make_problem, quantized_sinusoid
 from amp_tutorial.device import DeviceInfo, DeviceNotAvailableError, describe_device, select_device
 from amp_tutorial.measure import (
+    StepTimer,
     Timing,
     peak_memory_bytes,
     reset_peak_memory,
@@ -34,6 +35,7 @@ __all__ = [
     "DeviceInfo",
     "DeviceNotAvailableError",
     "Preset",
+    "StepTimer",
     "Timing",
     "UnknownPresetError",
     "describe_device",

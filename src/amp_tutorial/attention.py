@@ -28,6 +28,8 @@ def attention_ops(fn: Callable[[], object]) -> list[str]:
 
     ``aten::scaled_dot_product_attention`` is the entry point; the op under it names the kernel,
     e.g. ``aten::_scaled_dot_product_flash_attention_for_cpu`` or ``..._attention_math``.
+
+    Used in lesson 11.
     """
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
@@ -39,7 +41,10 @@ def attention_ops(fn: Callable[[], object]) -> list[str]:
 
 def backend_runs(backend: SDPBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  is_causal: bool = True) -> bool:
-    """True if SDPA runs with only ``backend`` allowed; False if it raises "no viable backend"."""
+    """True if SDPA runs with only ``backend`` allowed; False if it raises "no viable backend".
+
+    Used in lesson 11.
+    """
     try:
         with sdpa_kernel(backend):
             torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
@@ -55,7 +60,9 @@ def attention_cost(backend: SDPBackend | None, shape: tuple[int, int, int, int],
 
     Returns the median and IQR time (ms) of ``steps`` timed steps after one warm-up (device
     synchronised), the bytes autograd saves for backward (MB) and the allocator peak (MB; NaN
-    where the device has no allocator statistics). Used by lesson 11 to price the math fallback.
+    where the device has no allocator statistics).
+
+    Used in lesson 11 (to price the math fallback).
     """
     q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
                for _ in range(3))

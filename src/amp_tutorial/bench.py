@@ -58,7 +58,10 @@ MODELS = ("conv", "transformer")
 
 @dataclass
 class ModeResult:
-    """What one precision mode measured; times in seconds per step, memory in bytes."""
+    """What one precision mode measured; times in seconds per step, memory in bytes.
+
+    Used in no lesson directly: part of `pdm run bench`, which lessons 03, 08, 11 and 12 point to.
+    """
 
     mode: str
     amp_dtype: str | None
@@ -94,6 +97,8 @@ def run_mode(
 
     With ``compile_backend`` (e.g. ``"inductor"``) the model runs through ``torch.compile``; the
     first call, which compiles, is timed on its own and never counted as a step.
+
+    Used in no lesson directly: part of `pdm run bench`, which lessons 03, 08, 11 and 12 point to.
     """
     label = dtype_name(amp_dtype) if amp_dtype else fp32_baseline(info)
     label += " compiled" if compile_backend else ""
@@ -149,7 +154,10 @@ def make_transformer_problem(
     preset: Preset, device: torch.device | str
 ) -> tuple[TransformerConfig, list[tuple[torch.Tensor, torch.Tensor]],
            list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Lesson 11's model config, training batches (one per step) and held-out test batches."""
+    """Lesson 11's model config, training batches (one per step) and held-out test batches.
+
+    Used in lessons 11, 13.
+    """
     sizes = preset.transformer
     task = ReversalTask(sizes.n_symbols, sizes.seq_len)
     config = TransformerConfig(task.vocab_size, sizes.seq_len, sizes.d_model, sizes.n_layers,
@@ -171,6 +179,8 @@ def run_transformer_mode(
     """Train a fresh, identically seeded transformer in one precision mode, then time inference.
 
     Returns the result row and the per-step training losses (lesson 11 plots them).
+
+    Used in no lesson directly: part of `pdm run bench`, which lessons 03, 08, 11 and 12 point to.
     """
     sizes = preset.transformer
     label = dtype_name(amp_dtype) if amp_dtype else fp32_baseline(info)
@@ -206,7 +216,10 @@ def run_transformer_mode(
 
 def run_transformer_benchmark(info: DeviceInfo, preset: Preset, progress: bool = True
                               ) -> tuple[list[ModeResult], dict[str, list[float]]]:
-    """fp32 first, then each AMP dtype the device supports; also returns each mode's losses."""
+    """fp32 first, then each AMP dtype the device supports; also returns each mode's losses.
+
+    Used in no lesson directly: part of `pdm run bench`, which lessons 03, 08, 11 and 12 point to.
+    """
     config, train, test = make_transformer_problem(preset, info.device)
     results, losses = [], {}
     for amp_dtype in tqdm([None, *info.amp_dtypes], desc="modes", disable=not progress):
@@ -241,7 +254,10 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def add_ratios(results: list[ModeResult]) -> None:
-    """Fill in speedups (t_fp32 / t_amp) and memory ratios (amp / fp32) against the first row."""
+    """Fill in speedups (t_fp32 / t_amp) and memory ratios (amp / fp32) against the first row.
+
+    Used in no lesson directly: part of `pdm run bench`, which lessons 03, 08, 11 and 12 point to.
+    """
     base = results[0]
     for r in results:
         r.train_speedup = base.train_median_s / r.train_median_s
@@ -260,6 +276,8 @@ def run_benchmark(info: DeviceInfo, preset: Preset, progress: bool = True,
     """fp32 first (the baseline), then each AMP dtype the device supports, in one memory format.
 
     With ``compile_backend``, eager fp32 stays the baseline and every mode is run again compiled.
+
+    Used in no lesson directly: part of `pdm run bench`, which lessons 03, 08, 11 and 12 point to.
     """
     inputs, targets = make_problem(preset.grid, info.device, MEMORY_FORMATS[memory_format])
     modes: list[torch.dtype | None] = [None, *info.amp_dtypes]
@@ -287,7 +305,10 @@ def _table(cols: list[str], rows: list[list[str]]) -> str:
 
 def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
                  memory_format: str = "channels_last", model: str = "conv") -> str:
-    """The human-readable report: a time table and a memory table, one row per mode."""
+    """The human-readable report: a time table and a memory table, one row per mode.
+
+    Used in no lesson directly: part of `pdm run bench`, which lessons 03, 08, 11 and 12 point to.
+    """
     if model == "transformer":
         t = preset.transformer
         header = (f"device: {info}\npreset: {preset.name}; model: transformer ({t.n_layers} "
@@ -333,6 +354,10 @@ def _ratio_text(r: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``pdm run bench`` command: parse the options, run every mode, print or write JSON.
+
+    Used in no lesson directly: part of `pdm run bench`, which lessons 03, 08, 11 and 12 point to.
+    """
     parser = argparse.ArgumentParser(prog="pdm run bench", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", help="paper, cpu, smoke or auto (default: $AMP_TUTORIAL_PRESET "
                         "or auto)")

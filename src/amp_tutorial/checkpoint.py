@@ -4,10 +4,15 @@ The scaler's state (current scale, growth tracker) is part of the training state
 without it starts again from the initial scale. A disabled scaler (bf16, fp32) has no state, so
 checkpoints move freely between fp32 and AMP runs: what the resuming run lacks is left at its
 fresh value, what it does not use is ignored.
+
+``parameter_hash`` tells whether two models hold bit-identical parameters (a resumed run against an
+uninterrupted one, a checkpoint against the live model, DDP ranks against each other) with one
+short string that can be printed, stored in a JSON summary or gathered across processes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -28,6 +33,8 @@ def save_checkpoint(
     """Write model, optimizer and scaler state (plus ``extra`` values, e.g. the step) to ``path``.
 
     Written to a temporary file and renamed, so an interrupted save never leaves a broken file.
+
+    Used in lesson 05; in lesson 10 through `amp_tutorial.ddp`.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -56,6 +63,8 @@ def load_checkpoint(
     The scaler is restored only when both sides have one (an enabled scaler and a saved scale): an
     fp32 or bf16 checkpoint leaves an fp16 run's scaler at its initial scale, and an fp16
     checkpoint's scale is ignored by a run without a scaler.
+
+    Used in lessons 05, 10.
     """
     state = torch.load(path, map_location=map_location, weights_only=True)
     if state.get("format_version") != FORMAT_VERSION:
@@ -73,3 +82,16 @@ def _unwrap(model: nn.Module) -> nn.Module:
     """The plain module inside DistributedDataParallel (or DataParallel), so keys have no prefix."""
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel |
                                       nn.DataParallel) else model
+
+
+def parameter_hash(model: nn.Module) -> str:
+    """SHA-256 of every parameter's name and bytes, in order: equal hashes mean bit-identical
+    parameters (a DistributedDataParallel wrapper hashes like the model inside it).
+
+    Used in lesson 10 (and by `amp_tutorial.ddp`).
+    """
+    digest = hashlib.sha256()
+    for name, param in _unwrap(model).named_parameters():
+        digest.update(name.encode())
+        digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

@@ -1,25 +1,36 @@
 """Train the seed problem with DistributedDataParallel and AMP, one process per device.
 
-    torchrun --standalone --nproc-per-node N -m amp_tutorial.ddp [--preset smoke] [--device cpu]
-    python -m amp_tutorial.ddp            # one process, no torchrun needed
+How to run it (prefix ``pdm run`` on the host; in the Docker image ``torchrun`` is
+``docker/torchrun``, which starts the workers with the course's Python):
+
+    # every GPU of this machine: NCCL on NVIDIA, RCCL on ROCm (same "nccl" name), fp16 + GradScaler
+    torchrun --standalone --nproc-per-node N -m amp_tutorial.ddp --checkpoint runs/ddp.pt
+    # CPU processes: Gloo, bf16 autocast, no scaler
+    torchrun --standalone --nproc-per-node 2 -m amp_tutorial.ddp --device cpu --preset smoke
+    # one process, no torchrun: an in-memory process group of one, the same code path
+    python -m amp_tutorial.ddp --preset smoke
+
+The file reads top to bottom like a training script: settings (constants and the command line),
+setup (this process's device, the process group, the data), the training loop (``train``), and
+``main``, whose ``finally`` destroys the process group also when training fails.
 
 The image's rows are the dataset: a DistributedSampler gives each process its own share of them
 every epoch (reshuffled through ``set_epoch``), DDP averages the gradients, so every process
-ends each step with the same parameters. Backends: NCCL on CUDA (RCCL on ROCm, same name), Gloo
-on CPU (with bf16 autocast). fp16 runs keep one GradScaler per process; the gradients it checks
-are already all-reduced, so all processes skip or take a step together. Only rank 0 prints and
-writes the checkpoint (model + optimizer + scaler) and the JSON summary.
+ends each step with the same parameters. fp16 runs keep one GradScaler per process; the
+gradients it checks are already all-reduced, so all processes skip or take a step together. Only
+rank 0 prints and writes the checkpoint (model + optimizer + scaler) and the JSON summary.
 
 BatchNorm: each process normalises with the statistics of its own batch. On GPUs the model's
 BatchNorm layers become SyncBatchNorm (statistics over the global batch); PyTorch's SyncBatchNorm
 does not run on CPU, so there DDP keeps plain BatchNorm and broadcasts rank 0's running
 statistics at every forward pass.
+
+Used in lesson 10.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -33,12 +44,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from amp_tutorial.checkpoint import save_checkpoint
+from amp_tutorial.checkpoint import parameter_hash, save_checkpoint
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import DeviceNotAvailableError, dtype_name, select_device
 from amp_tutorial.models import ConvModel
 from amp_tutorial.nonfinite import check_finite_loss
 from amp_tutorial.presets import UnknownPresetError, get_preset
+
+# --- settings ------------------------------------------------------------------------------------
 
 SEED = 0
 LEARNING_RATE = 1e-3
@@ -48,45 +61,52 @@ DTYPES = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": t
 
 
 class DDPConfigError(ValueError):
-    """A setting that cannot work (device, dtype, sizes); raised before any process group exists."""
+    """A setting that cannot work (device, dtype, sizes); raised before any process group exists.
+
+    Used in lesson 10, through `python -m amp_tutorial.ddp`.
+    """
 
 
-@dataclass
-class Summary:
-    """What rank 0 writes as JSON: the setup, the loss per step, and every rank's parameter hash."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse and check the options before any process group exists; exit 2 with a clear error.
 
-    world_size: int
-    backend: str
-    device: str
-    amp_dtype: str  # fp32 means autocast off
-    grad_scaler: bool
-    sync_batchnorm: bool
-    preset: str
-    epochs: int
-    batch_rows: int  # image rows per process per step
-    steps: int
-    losses: list[float] = field(default_factory=list)  # mean over all ranks, per step
-    epoch_losses: list[float] = field(default_factory=list)
-    param_hashes: list[str] = field(default_factory=list)  # one per rank, in rank order
-    final_scale: float | None = None
-    checkpoint: str | None = None
+    Used in lesson 10, through `python -m amp_tutorial.ddp`.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m amp_tutorial.ddp", description=__doc__.splitlines()[0],
+        epilog="Launch N processes with: torchrun --standalone --nproc-per-node N -m "
+               "amp_tutorial.ddp [options]")
+    parser.add_argument("--preset", help="paper, cpu, smoke or auto (default: "
+                        "$AMP_TUTORIAL_PRESET or auto)")
+    parser.add_argument("--device", help="cuda, xpu or cpu (default: $AMP_TUTORIAL_DEVICE or the "
+                        "best available); each process uses <type>:LOCAL_RANK")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="auto",
+                        help="autocast dtype; auto = the device's default (fp16 + GradScaler on "
+                        "GPUs, bf16 on CPU); fp32 turns autocast off")
+    parser.add_argument("--epochs", type=int, help="passes over the image's rows (default: "
+                        "enough for the preset's number of steps)")
+    parser.add_argument("--batch-rows", type=int, help="image rows per process per step "
+                        f"(default: grid / ({STEPS_PER_EPOCH} x world size))")
+    parser.add_argument("--lr", type=float, default=LEARNING_RATE, help="Adam learning rate")
+    parser.add_argument("--checkpoint", help="where rank 0 writes model+optimizer+scaler state")
+    parser.add_argument("--summary", help="where rank 0 writes a JSON summary of the run")
+    args = parser.parse_args(argv)
+    for name in ("epochs", "batch_rows"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.lr <= 0:
+        parser.error(f"--lr must be positive, got {args.lr}")
+    _, local_rank, world_size = _distributed_env()
+    try:
+        args.device_obj = _device_for(args.device, local_rank, world_size)
+        get_preset(args.preset, args.device_obj.type)
+    except (DeviceNotAvailableError, UnknownPresetError, DDPConfigError) as err:
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
+    return args
 
 
-def parameter_hash(model: nn.Module) -> str:
-    """SHA-256 of every parameter's bytes, in order: equal hashes mean bit-identical parameters."""
-    digest = hashlib.sha256()
-    for name, param in model.named_parameters():
-        digest.update(name.encode())
-        digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def row_dataset(grid: int, device: torch.device) -> TensorDataset:
-    """The seed image as a dataset of rows: inputs (H, 2, 1, W) and targets (H, 1, 1, W)."""
-    inputs, targets = make_problem(grid, device)
-    return TensorDataset(inputs[0].transpose(0, 1).unsqueeze(2),
-                         targets[0].transpose(0, 1).unsqueeze(2))
-
+# --- setup: this process's device, the process group, the data ---------------------------------
 
 def _distributed_env() -> tuple[int, int, int]:
     """(rank, local rank, world size) from torchrun's environment, or (0, 0, 1) without it."""
@@ -123,8 +143,65 @@ def _amp_dtype(choice: str, device: torch.device) -> torch.dtype | None:
     return None if DTYPES[choice] == torch.float32 else DTYPES[choice]
 
 
+def init_process_group(device: torch.device) -> None:
+    """Join torchrun's process group (NCCL/RCCL on GPUs, Gloo on CPU), or without torchrun
+    create a one-process group in memory, so the same DDP code runs unchanged.
+
+    Used in lesson 10, through `python -m amp_tutorial.ddp`.
+    """
+    device_id = None
+    if device.type != "cpu":
+        getattr(torch, device.type).set_device(device)  # torch.cuda / torch.xpu
+        device_id = device
+    backend = BACKENDS[device.type]
+    if "RANK" not in os.environ:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=device_id)
+    else:  # torchrun set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
+        dist.init_process_group(backend, device_id=device_id)
+
+
+def row_dataset(grid: int, device: torch.device) -> TensorDataset:
+    """The seed image as a dataset of rows: inputs (H, 2, 1, W) and targets (H, 1, 1, W).
+
+    Used in lesson 10, through `python -m amp_tutorial.ddp`.
+    """
+    inputs, targets = make_problem(grid, device)
+    return TensorDataset(inputs[0].transpose(0, 1).unsqueeze(2),
+                         targets[0].transpose(0, 1).unsqueeze(2))
+
+
+# --- the training loop ---------------------------------------------------------------------------
+
+@dataclass
+class Summary:
+    """What rank 0 writes as JSON: the setup, the loss per step, and every rank's parameter hash.
+
+    Used in lesson 10 (it reads the JSON summary).
+    """
+
+    world_size: int
+    backend: str
+    device: str
+    amp_dtype: str  # fp32 means autocast off
+    grad_scaler: bool
+    sync_batchnorm: bool
+    preset: str
+    epochs: int
+    batch_rows: int  # image rows per process per step
+    steps: int
+    losses: list[float] = field(default_factory=list)  # mean over all ranks, per step
+    epoch_losses: list[float] = field(default_factory=list)
+    param_hashes: list[str] = field(default_factory=list)  # one per rank, in rank order
+    final_scale: float | None = None
+    checkpoint: str | None = None
+
+
 def train(args: argparse.Namespace) -> Summary:
-    """Train with DDP in an initialised process group; every rank returns the same Summary."""
+    """Train with DDP in an initialised process group; every rank returns the same Summary.
+
+    Used in lesson 10 (its source is shown there).
+    """
     rank, world_size = dist.get_rank(), dist.get_world_size()
     device = args.device_obj
     preset = get_preset(args.preset, device.type)
@@ -185,7 +262,7 @@ def train(args: argparse.Namespace) -> Summary:
             + (f", scale {scaler.get_scale():.0f}" if use_scaler else ""))
 
     hashes: list[str | None] = [None] * world_size
-    dist.all_gather_object(hashes, parameter_hash(ddp_model.module))
+    dist.all_gather_object(hashes, parameter_hash(ddp_model))
     summary.param_hashes = [str(h) for h in hashes]
     summary.final_scale = scaler.get_scale() if use_scaler else None
     if rank == 0:
@@ -204,57 +281,13 @@ def train(args: argparse.Namespace) -> Summary:
     return summary
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse and check the options before any process group exists; exit 2 with a clear error."""
-    parser = argparse.ArgumentParser(
-        prog="python -m amp_tutorial.ddp", description=__doc__.splitlines()[0],
-        epilog="Launch N processes with: torchrun --standalone --nproc-per-node N -m "
-               "amp_tutorial.ddp [options]")
-    parser.add_argument("--preset", help="paper, cpu, smoke or auto (default: "
-                        "$AMP_TUTORIAL_PRESET or auto)")
-    parser.add_argument("--device", help="cuda, xpu or cpu (default: $AMP_TUTORIAL_DEVICE or the "
-                        "best available); each process uses <type>:LOCAL_RANK")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="auto",
-                        help="autocast dtype; auto = the device's default (fp16 + GradScaler on "
-                        "GPUs, bf16 on CPU); fp32 turns autocast off")
-    parser.add_argument("--epochs", type=int, help="passes over the image's rows (default: "
-                        "enough for the preset's number of steps)")
-    parser.add_argument("--batch-rows", type=int, help="image rows per process per step "
-                        f"(default: grid / ({STEPS_PER_EPOCH} x world size))")
-    parser.add_argument("--lr", type=float, default=LEARNING_RATE, help="Adam learning rate")
-    parser.add_argument("--checkpoint", help="where rank 0 writes model+optimizer+scaler state")
-    parser.add_argument("--summary", help="where rank 0 writes a JSON summary of the run")
-    args = parser.parse_args(argv)
-    for name in ("epochs", "batch_rows"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    if args.lr <= 0:
-        parser.error(f"--lr must be positive, got {args.lr}")
-    _, local_rank, world_size = _distributed_env()
-    try:
-        args.device_obj = _device_for(args.device, local_rank, world_size)
-        get_preset(args.preset, args.device_obj.type)
-    except (DeviceNotAvailableError, UnknownPresetError, DDPConfigError) as err:
-        parser.exit(2, f"{parser.prog}: error: {err}\n")
-    return args
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Join (or, without torchrun, create) the process group, train, and always leave it."""
-    args = parse_args(argv)
-    device = args.device_obj
-    device_id = None
-    if device.type != "cpu":
-        getattr(torch, device.type).set_device(device)  # torch.cuda / torch.xpu
-        device_id = device
-    backend = BACKENDS[device.type]
-    if "RANK" not in os.environ:
-        # No torchrun: a one-process group in memory, so the same DDP code runs unchanged.
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                device_id=device_id)
-    else:  # torchrun set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
-        dist.init_process_group(backend, device_id=device_id)
+    """Settings, setup, the loop; the process group is always left, also when training fails.
+
+    Used in lesson 10 (its source is shown there).
+    """
+    args = parse_args(argv)  # clear errors (exit 2) before any process group exists
+    init_process_group(args.device_obj)
     try:
         train(args)
     finally:

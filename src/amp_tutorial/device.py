@@ -24,7 +24,10 @@ KNOWN_DEVICE_TYPES = ("cuda", "mps", "xpu", "cpu")
 
 
 class DeviceNotAvailableError(RuntimeError):
-    """Raised when the requested device does not exist on this machine."""
+    """Raised when the requested device does not exist on this machine.
+
+    Used in every lesson (01-13): `select_device` raises it.
+    """
 
 
 def _torch_version() -> tuple[int, int]:
@@ -73,7 +76,10 @@ CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 
 def cpu_bf16_flags(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, ...] | None:
-    """The bf16 instruction flags this CPU reports, or None where there is no cpuinfo to read."""
+    """The bf16 instruction flags this CPU reports, or None where there is no cpuinfo to read.
+
+    Used in every lesson (01-13) through `select_device` (the device line).
+    """
     try:
         with open(cpuinfo, encoding="utf-8") as fh:
             for line in fh:
@@ -158,7 +164,10 @@ def _supported_amp_dtypes(device: torch.device) -> tuple[torch.dtype, ...]:
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """Everything the course needs to know about the device it runs on."""
+    """Everything the course needs to know about the device it runs on.
+
+    Used in every lesson (01-13): ``info = select_device()``.
+    """
 
     device: torch.device
     backend: str
@@ -212,7 +221,10 @@ def _bf16_support(device: torch.device) -> tuple[bool | None, tuple[str, ...]]:
 
 
 def dtype_name(dtype: torch.dtype | None) -> str:
-    """Short name used in tables and plots: fp32, fp16, bf16."""
+    """Short name used in tables and plots: fp32, fp16, bf16.
+
+    Used in lessons 01, 03, 04, 05, 06, 07, 08, 11, 12, 13.
+    """
     names = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
     return names.get(dtype, str(dtype).replace("torch.", "")) if dtype is not None else "fp32"
 
@@ -221,6 +233,8 @@ def select_device(requested: str | None = None) -> DeviceInfo:
     """Pick the best device (cuda > mps > xpu > cpu), or the one requested / set in the environment.
 
     Raises DeviceNotAvailableError with the available choices when the requested one is absent.
+
+    Used in every lesson (01-13).
     """
     requested = requested or os.environ.get(DEVICE_ENV) or None
     if requested:
@@ -252,12 +266,18 @@ def select_device(requested: str | None = None) -> DeviceInfo:
 
 
 def available_devices() -> list[str]:
-    """Device types usable here, best first; always ends with cpu."""
+    """Device types usable here, best first; always ends with cpu.
+
+    Used in every lesson (01-13) through `select_device`.
+    """
     return [t for t in KNOWN_DEVICE_TYPES if _available(t)]
 
 
 def describe_device(info: DeviceInfo | None = None) -> str:
-    """One line for the top of each notebook: which device, backend, and AMP dtypes."""
+    """One line for the top of each notebook: which device, backend, and AMP dtypes.
+
+    Used in every lesson (01-13).
+    """
     info = info or select_device()
     scaler = "GradScaler needed" if info.needs_grad_scaler() else "no GradScaler needed"
     line = f"Running on {info} -> default autocast dtype {dtype_name(info.amp_dtype)}, {scaler}"
@@ -268,7 +288,10 @@ def describe_device(info: DeviceInfo | None = None) -> str:
 
 def has_fp32_precision_api() -> bool:
     """True where torch has the per-backend ``fp32_precision`` settings (torch >= 2.9), which
-    replace ``allow_tf32``; reading the old flags after setting the new ones raises there."""
+    replace ``allow_tf32``; reading the old flags after setting the new ones raises there.
+
+    Used in lesson 03.
+    """
     cudnn = torch.backends.cudnn
     return hasattr(cudnn, "conv") and hasattr(torch.backends.cuda.matmul, "fp32_precision")
 
@@ -279,7 +302,10 @@ def _precision(*levels: str, default: str) -> str:
 
 
 def tf32_state() -> dict[str, bool]:
-    """Whether CUDA convolutions and matmuls may use TF32 now, read with the API torch has."""
+    """Whether CUDA convolutions and matmuls may use TF32 now, read with the API torch has.
+
+    Used in lessons 03, 08.
+    """
     if has_fp32_precision_api():
         generic = getattr(torch.backends, "fp32_precision", "none")
         conv = _precision(torch.backends.cudnn.conv.fp32_precision,
@@ -292,7 +318,10 @@ def tf32_state() -> dict[str, bool]:
 
 def fp32_baseline(info: DeviceInfo) -> str:
     """Name the fp32 baseline honestly: on Ampere+ NVIDIA GPUs cuDNN uses TF32 for convolutions
-    unless switched off (``set_strict_fp32``)."""
+    unless switched off (``set_strict_fp32``).
+
+    Used in lessons 03, 04, 11, 13.
+    """
     if info.type == "cuda" and not info.is_rocm:
         major, _ = torch.cuda.get_device_capability(info.device)
         parts = [what for what, on in tf32_state().items() if on and major >= 8]
@@ -309,6 +338,8 @@ def set_strict_fp32(strict: bool = True) -> None:
     .fp32_precision`` where torch has them (mixing them with ``allow_tf32`` raises), else
     ``allow_tf32``. Not strict restores the values a fresh process starts with: ``"tf32"`` for
     cuDNN convolutions and ``"none"`` (inherit the generic setting, which is ieee) for matmuls.
+
+    Used in lessons 03, 13.
     """
     if has_fp32_precision_api():
         torch.backends.cudnn.conv.fp32_precision = "ieee" if strict else "tf32"

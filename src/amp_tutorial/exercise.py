@@ -55,7 +55,10 @@ TrainFn = Callable[..., object]
 
 @dataclass(frozen=True)
 class Problem:
-    """One mistake: a stable key (for tests) and a plain-words message (for the learner)."""
+    """One mistake: a stable key (for tests) and a plain-words message (for the learner).
+
+    Used in lesson 06, through `check_train_with_amp`.
+    """
 
     key: str
     message: str
@@ -63,7 +66,10 @@ class Problem:
 
 @dataclass
 class CheckResult:
-    """What ``check_train_with_amp`` found; ``passed`` is True when it found nothing wrong."""
+    """What ``check_train_with_amp`` found; ``passed`` is True when it found nothing wrong.
+
+    Used in lesson 06.
+    """
 
     problems: list[Problem] = field(default_factory=list)
 
@@ -86,7 +92,10 @@ class CheckResult:
 
 @dataclass(frozen=True)
 class Scenario:
-    """One run of the learner's function: the autocast dtype and an optional clipping norm."""
+    """One run of the learner's function: the autocast dtype and an optional clipping norm.
+
+    Used in lesson 06, through `check_train_with_amp`.
+    """
 
     name: str
     amp_dtype: torch.dtype
@@ -107,6 +116,8 @@ def make_exercise_problem(seed: int = 0) -> tuple[nn.Module, Batches]:
     """A small MLP and ``N_BATCHES`` (inputs, targets) batches of a smooth regression, on the CPU.
 
     Seeded without touching the global random state, so every call returns the same problem.
+
+    Used in lesson 06, through `check_train_with_amp`.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -129,7 +140,10 @@ def train_fp32(
     epochs: int,
     max_grad_norm: float | None = None,
 ) -> list[float]:
-    """Plain fp32 training, the baseline: returns the mean batch loss of each epoch."""
+    """Plain fp32 training, the baseline: returns the mean batch loss of each epoch.
+
+    Used in lesson 06.
+    """
     history = []
     for _ in range(epochs):
         total = 0.0
@@ -484,6 +498,8 @@ def check_train_with_amp(fn: TrainFn) -> CheckResult:
 
     ``fn(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype, max_grad_norm=None)``
     must return the mean loss of each epoch. Takes about a second on a laptop CPU.
+
+    Used in lesson 06.
     """
     found: dict[str, Problem] = {}
     where: dict[str, list[str]] = {}

@@ -25,7 +25,10 @@ COMPOSE_GID_SETTINGS = ("RENDER_GID", "VIDEO_GID")
 
 @dataclass(frozen=True)
 class ClosedDeviceFile:
-    """A GPU device file this process may not open for reading and writing, and its group."""
+    """A GPU device file this process may not open for reading and writing, and its group.
+
+    Used in every lesson (01-13) through `describe_device`, and by the Docker start script.
+    """
 
     path: str
     gid: int
@@ -36,6 +39,8 @@ def closed_device_files(patterns: tuple[str, ...] = ROCM_DEVICE_FILES) -> list[C
 
     ``os.access`` asks the kernel the open() permission question for the real user and its
     groups, without opening the file (opening /dev/kfd would create a GPU context).
+
+    Used in every lesson (01-13) through `describe_device`, and by the Docker start script.
     """
     closed = []
     for pattern in patterns:
@@ -47,7 +52,10 @@ def closed_device_files(patterns: tuple[str, ...] = ROCM_DEVICE_FILES) -> list[C
 
 def gpu_access_problem(closed: list[ClosedDeviceFile] | None = None) -> str | None:
     """One sentence saying which GPU device files this user cannot open, and the exact fix;
-    None when there is nothing to fix (all present device files open, or none present)."""
+    None when there is nothing to fix (all present device files open, or none present).
+
+    Used in every lesson (01-13) through `describe_device`, and by the Docker start script.
+    """
     closed = closed_device_files() if closed is None else closed
     if not closed:
         return None

@@ -13,7 +13,10 @@ import torch
 
 def grad_norm(parameters: Iterable[torch.Tensor]) -> float:
     """The total 2-norm of the ``.grad`` of ``parameters`` (those without a gradient are skipped),
-    the same number ``clip_grad_norm_`` measures."""
+    the same number ``clip_grad_norm_`` measures.
+
+    Used in lesson 02.
+    """
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
         return 0.0
@@ -22,13 +25,19 @@ def grad_norm(parameters: Iterable[torch.Tensor]) -> float:
 
 
 def snapshot(parameters: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    """Detached copies of ``parameters``, to measure the next update against."""
+    """Detached copies of ``parameters``, to measure the next update against.
+
+    Used in lessons 02, 09.
+    """
     return [p.detach().clone() for p in parameters]
 
 
 def update_norm(before: list[torch.Tensor], parameters: Iterable[torch.Tensor]) -> float:
     """The total 2-norm of ``parameters - before``: how far one optimizer step moved the weights
-    (0.0 when the step was skipped)."""
+    (0.0 when the step was skipped).
+
+    Used in lessons 02, 09.
+    """
     after = list(parameters)
     if len(after) != len(before):
         raise ValueError(f"{len(before)} saved tensors for {len(after)} parameters")
@@ -49,7 +58,9 @@ def activation_grads(
     The forward runs under autocast in ``dtype`` (``None``: plain fp32) and backward runs on
     ``loss * loss_scale``. Returns ``(raw, unscaled)``, each flattened into one tensor: ``raw`` as
     backward computed them (their own dtype, still times ``loss_scale``), ``unscaled`` divided by
-    ``loss_scale`` in fp32. Used by lesson 02 to count fp16 gradients flushed to zero.
+    ``loss_scale`` in fp32.
+
+    Used in lesson 02 (to count fp16 gradients flushed to zero).
     """
     grads: list[torch.Tensor] = []
 
@@ -71,5 +82,8 @@ def activation_grads(
 
 
 def zero_fraction(values: torch.Tensor) -> float:
-    """The share of entries that are exactly zero (lesson 02: gradients lost to underflow)."""
+    """The share of entries that are exactly zero: gradients lost to underflow.
+
+    Used in lesson 02.
+    """
     return (values == 0).float().mean().item()

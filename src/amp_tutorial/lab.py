@@ -15,7 +15,10 @@ NOTEBOOKS_ENV = "AMP_TUTORIAL_NOTEBOOKS"
 
 
 def notebooks_dir() -> Path:
-    """The lessons' folder: $AMP_TUTORIAL_NOTEBOOKS, the checkout's notebooks/, or ./notebooks."""
+    """The lessons' folder: $AMP_TUTORIAL_NOTEBOOKS, the checkout's notebooks/, or ./notebooks.
+
+    Used in no lesson: part of `pdm run lab`, which opens the course.
+    """
     if os.environ.get(NOTEBOOKS_ENV):
         return Path(os.environ[NOTEBOOKS_ENV]).resolve()
     checkout = Path(__file__).resolve().parents[2] / "notebooks"
@@ -23,7 +26,10 @@ def notebooks_dir() -> Path:
 
 
 def lab_command(extra: list[str]) -> list[str]:
-    """The ``jupyter lab`` command line: 127.0.0.1:8888 unless overridden, never an empty token."""
+    """The ``jupyter lab`` command line: 127.0.0.1:8888 unless overridden, never an empty token.
+
+    Used in no lesson: part of `pdm run lab`, which opens the course.
+    """
     root = notebooks_dir()
     if not root.is_dir():
         raise SystemExit(f"error: no course folder at {root}; run this from the project checkout "
@@ -47,6 +53,10 @@ def lab_command(extra: list[str]) -> list[str]:
 
 
 def main() -> None:
+    """The ``pdm run lab`` command: start JupyterLab on the course's notebooks.
+
+    Used in no lesson: `pdm run lab`, which opens the course.
+    """
     command = lab_command(sys.argv[1:])
     print(f"Starting JupyterLab on the course in {command[3].split('=', 1)[1]}", flush=True)
     print("Open the http://127.0.0.1:...?token=... URL that Jupyter prints below.", flush=True)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +22,10 @@ from tqdm.auto import tqdm
 
 
 def synchronize(device: torch.device | str) -> None:
-    """Wait until all queued work on ``device`` has finished (a no-op on CPU)."""
+    """Wait until all queued work on ``device`` has finished (a no-op on CPU).
+
+    Used in lessons 03, 04, 11, 12, 13 through `StepTimer` (before every clock read).
+    """
     device_type = torch.device(device).type
     if device_type == "cuda":
         torch.cuda.synchronize(device)
@@ -32,7 +36,10 @@ def synchronize(device: torch.device | str) -> None:
 
 
 def free_memory(device: torch.device | str) -> None:
-    """Drop unreferenced tensors and return cached blocks, so one run cannot count in the next."""
+    """Drop unreferenced tensors and return cached blocks, so one run cannot count in the next.
+
+    Used in lessons 03, 04, 11 through `reset_peak_memory`.
+    """
     gc.collect()
     device_type = torch.device(device).type
     if device_type == "cuda":
@@ -44,7 +51,10 @@ def free_memory(device: torch.device | str) -> None:
 
 
 def reset_peak_memory(device: torch.device | str) -> None:
-    """Free what can be freed, then start a new peak-memory window (no-op without allocator)."""
+    """Free what can be freed, then start a new peak-memory window (no-op without allocator).
+
+    Used in lessons 03, 04, 11.
+    """
     free_memory(device)
     device_type = torch.device(device).type
     if device_type == "cuda":
@@ -54,7 +64,10 @@ def reset_peak_memory(device: torch.device | str) -> None:
 
 
 def peak_memory_bytes(device: torch.device | str) -> int | None:
-    """Peak bytes held by tensors since the last reset; None where there are no allocator stats."""
+    """Peak bytes held by tensors since the last reset; None where there are no allocator stats.
+
+    Used in lessons 03, 04, 11.
+    """
     device_type = torch.device(device).type
     if device_type == "cuda":
         return torch.cuda.max_memory_allocated(device)
@@ -65,7 +78,10 @@ def peak_memory_bytes(device: torch.device | str) -> int | None:
 
 @dataclass(frozen=True)
 class Timing:
-    """Per-step wall times in seconds, with the statistics the course reports."""
+    """Per-step wall times in seconds, with the statistics the course reports.
+
+    Used in lessons 03, 04, 11, 12, 13.
+    """
 
     samples: tuple[float, ...]
 
@@ -105,6 +121,56 @@ def _quantile(values: tuple[float, ...], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+class StepTimer:
+    """Times the steps of a loop you write yourself: ``with timer.step():`` around each step.
+
+    The first ``warmup`` steps are left out of the statistics (cuDNN/MIOpen pick kernels on first
+    use, ``torch.compile`` compiles) and kept apart in ``warmup_samples``; every later step adds
+    one sample. The device is synchronised before the clock starts (work queued before
+    the step is not counted) and before it stops (the step's own GPU work is). A step that raises
+    records nothing. ``timer.timing`` gives the median and interquartile range::
+
+        timer = StepTimer(device, warmup=3)
+        for batch in batches:
+            with timer.step():
+                ...  # zero_grad, autocast forward + loss, scaler.scale(loss).backward(), ...
+        print(timer.timing)
+
+    Used in lessons 03, 11, 12, 13.
+    """
+
+    def __init__(self, device: torch.device | str, warmup: int = 0) -> None:
+        if warmup < 0:
+            raise ValueError(f"warmup must be at least 0, got {warmup}")
+        self.device = torch.device(device)
+        self.warmup = warmup
+        self.samples: list[float] = []  # seconds, one per timed step
+        self.warmup_samples: list[float] = []  # seconds, one per warm-up step
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """Time the block as one step (kept apart in ``warmup_samples`` while warming up)."""
+        synchronize(self.device)
+        start = time.perf_counter()
+        yield
+        synchronize(self.device)
+        elapsed = time.perf_counter() - start
+        (self.samples if self.steps_seen >= self.warmup else self.warmup_samples).append(elapsed)
+
+    @property
+    def steps_seen(self) -> int:
+        """Steps that finished, warm-up included."""
+        return len(self.warmup_samples) + len(self.samples)
+
+    @property
+    def timing(self) -> Timing:
+        """The timed steps' statistics; an error before the first step after warm-up."""
+        if not self.samples:
+            raise ValueError(f"no timed step yet: {self.steps_seen} step(s) seen, "
+                             f"the first {self.warmup} are warm-up")
+        return Timing(tuple(self.samples))
+
+
 def time_steps(
     step: Callable[[int], object],
     n_steps: int,
@@ -113,30 +179,34 @@ def time_steps(
     desc: str | None = None,
     progress: bool = True,
 ) -> tuple[Timing, list[object]]:
-    """Call ``step(i)`` for ``warmup`` untimed then ``n_steps`` timed iterations.
+    """A :class:`StepTimer` around ``step(i)``, for code that times a function rather than
+    showing its loop (the benchmark, one forward pass, one attention call).
 
-    The device is synchronised before each clock read. Returns the per-step timing and the list of
-    what the timed steps returned (e.g. losses as Python floats, so no graph is kept alive).
+    Calls ``step(-1)``, ``step(-2)``, ... for ``warmup`` untimed then ``step(0)`` ...
+    ``step(n_steps - 1)`` timed. Returns the timing and what the timed steps returned (e.g.
+    losses as Python floats, so no graph is kept alive).
+
+    Used in lessons 04, 12; in lesson 11 through `attention_cost`.
     """
     if n_steps < 1:
         raise ValueError(f"n_steps must be at least 1, got {n_steps}")
+    timer = StepTimer(device, warmup)
     for i in range(warmup):
-        step(-1 - i)
-    synchronize(device)
-    samples: list[float] = []
+        with timer.step():
+            step(-1 - i)
     results: list[object] = []
     for i in tqdm(range(n_steps), desc=desc, disable=not progress):
-        start = time.perf_counter()
-        results.append(step(i))
-        synchronize(device)
-        samples.append(time.perf_counter() - start)
-    return Timing(tuple(samples)), results
+        with timer.step():
+            results.append(step(i))
+    return timer.timing, results
 
 
 def saved_activation_bytes(fn: Callable[[], object]) -> int:
     """Bytes of the tensors autograd saves for backward while ``fn()`` runs (e.g. a forward + loss).
 
     Storage shared by several saved tensors (a weight saved by two ops) is counted once.
+
+    Used in lessons 03, 08, 11, 13.
     """
     seen: dict[tuple[int, int], int] = {}
 
@@ -155,6 +225,8 @@ def activation_output_bytes(model: torch.nn.Module, fn: Callable[[], object]) ->
     """Bytes of every leaf module's output while ``fn()`` runs: the activations a forward produces.
 
     Works under ``torch.inference_mode``, where nothing is saved for backward.
+
+    Used in lesson 04.
     """
     total = 0
 
@@ -178,6 +250,8 @@ def op_dtype_rows(events: object, min_tensor_inputs: int = 1) -> list[dict[str, 
     the dtypes of their tensor inputs: calls and self time (CPU-side, microseconds).
 
     Shows which ops really ran in low precision and which in float32 (lesson 13).
+
+    Used in lesson 13.
     """
     rows: dict[tuple[str, str], dict[str, object]] = {}
     for event in events:  # prof.events(): one FunctionEvent per op call
@@ -197,6 +271,8 @@ def optimizer_step_events(events: object) -> list[object]:
     """The op calls made inside ``optimizer.step()`` of a ``torch.profiler`` run: every
     ``torch.optim`` optimizer wraps its step in an ``Optimizer.step#<Class>.step`` range, and its
     ops are that range's descendants (lesson 13).
+
+    Used in lesson 13.
     """
     found: list[object] = []
 

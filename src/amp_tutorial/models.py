@@ -10,6 +10,8 @@ class ConvModel(nn.Module):
     """Conv(2->h)-BN-ReLU, ``n_hidden_layers`` x Conv(h->h)-BN-ReLU, Conv(h->1), all 1x1.
 
     Activations are large next to the weights, which is where AMP saves the most memory.
+
+    Used in lessons 02, 03, 04, 05, 06, 07, 08, 09, 10, 12, 13.
     """
 
     def __init__(self, hidden: int = 256, n_hidden_layers: int = 2, in_channels: int = 2) -> None:

@@ -45,7 +45,10 @@ CASES = ("fp32", "low", "mixed", "low, dtype=low")
 
 @dataclass(frozen=True)
 class Outcome:
-    """One call: its output dtype (None if it raised), the error, and the dtype casts seen."""
+    """One call: its output dtype (None if it raised), the error, and the dtype casts seen.
+
+    Used in lessons 01, 11.
+    """
 
     dtype: torch.dtype | None
     error: str | None
@@ -57,7 +60,10 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Case:
-    """The same call with autocast off and on."""
+    """The same call with autocast off and on.
+
+    Used in lessons 01, 11.
+    """
 
     off: Outcome
     on: Outcome
@@ -79,7 +85,10 @@ class Case:
 
 @dataclass(frozen=True)
 class OpPolicy:
-    """What autocast did to one op, case by case, and the policy that explains it."""
+    """What autocast did to one op, case by case, and the policy that explains it.
+
+    Used in lessons 01, 11.
+    """
 
     op: str
     aten: str  # the operator autocast registers (for the source lists)
@@ -213,7 +222,10 @@ def _verdict(cases: dict[str, Case], low: torch.dtype) -> str:
 
 
 def autocast_policy(device_type: str, low: torch.dtype, n: int = 8) -> list[OpPolicy]:
-    """Probe each op with autocast off and on, for each input case, and name the rule applied."""
+    """Probe each op with autocast off and on, for each input case, and name the rule applied.
+
+    Used in lessons 01, 11.
+    """
     gen = torch.Generator().manual_seed(0)
     device = torch.device(device_type)
     rows = []
@@ -237,6 +249,8 @@ def registered_ops(rows: list[OpPolicy], device_type: str) -> dict[str, bool] | 
 
     Reads the dispatcher (``torch._C._dispatch_has_kernel_for_dispatch_key``, a private API), so
     it works for CUDA's lists on a machine without a GPU; None where this torch lacks that API.
+
+    Used in lesson 01.
     """
     has_kernel = getattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", None)
     if has_kernel is None:
@@ -256,7 +270,10 @@ HEADER_LISTS = {
 
 
 def autocast_header() -> Path | None:
-    """The installed torch's ``include/ATen/autocast_mode.h``; None where the build has none."""
+    """The installed torch's ``include/ATen/autocast_mode.h``; None where the build has none.
+
+    Used in lessons 01, 07 through `header_rules`.
+    """
     path = Path(torch.__file__).parent / "include" / "ATen" / "autocast_mode.h"
     return path if path.is_file() else None
 
@@ -266,6 +283,8 @@ def header_rules(path: Path | None = None) -> dict[str, str] | None:
 
     An entry ``_(name, overload)`` becomes ``name.overload``. None where there is no header.
     Used by lesson 01 to check ``SOURCE_POLICY``'s CUDA/XPU columns against the installed torch.
+
+    Used in lessons 01 (through `header_policy`), 07.
     """
     path = path or autocast_header()
     if path is None:
@@ -282,7 +301,10 @@ def header_rules(path: Path | None = None) -> dict[str, str] | None:
 
 
 def header_policy(rows: list[OpPolicy], path: Path | None = None) -> dict[str, str] | None:
-    """The rule the header's CUDA/XPU lists give each probed op (its overload, else its name)."""
+    """The rule the header's CUDA/XPU lists give each probed op (its overload, else its name).
+
+    Used in lesson 01.
+    """
     rules = header_rules(path)
     if rules is None:
         return None
@@ -297,6 +319,8 @@ def policy_table(rows: list[OpPolicy], low: torch.dtype | None = None) -> list[d
     """Rows as plain dicts: each case as 'autocast off -> on', the casts autocast added, the rule.
 
     ``low`` names the low-precision dtype in the column headers (``low`` if not given).
+
+    Used in lesson 01.
     """
     short = dtype_name(low) if low is not None else "low"
     headers = {"fp32": "fp32 in", "low": f"{short} in", "mixed": f"{short} + fp32 in",
@@ -318,7 +342,10 @@ def policy_table(rows: list[OpPolicy], low: torch.dtype | None = None) -> list[d
 
 
 def ops_by_rule(rows: list[OpPolicy]) -> dict[str, list[str]]:
-    """Rule -> the probed ops that got it (every rule present, empty where none did)."""
+    """Rule -> the probed ops that got it (every rule present, empty where none did).
+
+    Used in lesson 01.
+    """
     groups: dict[str, list[str]] = {rule: [] for rule in RULES}
     for r in rows:
         groups[r.verdict].append(r.op)
@@ -326,14 +353,20 @@ def ops_by_rule(rows: list[OpPolicy]) -> dict[str, list[str]]:
 
 
 def visible_promotions(rows: list[OpPolicy]) -> list[str]:
-    """Promote-list ops whose mixed-dtype call raises with autocast off and works with it on."""
+    """Promote-list ops whose mixed-dtype call raises with autocast off and works with it on.
+
+    Used in lesson 01.
+    """
     return [r.op for r in rows if r.verdict == PROMOTE and r.cases["mixed"].off.error
             and not r.cases["mixed"].on.error]
 
 
 @dataclass(frozen=True)
 class OpTrace:
-    """One aten op as it actually ran: its name, the float dtypes it got and the dtype it gave."""
+    """One aten op as it actually ran: its name, the float dtypes it got and the dtype it gave.
+
+    Used in lesson 11.
+    """
 
     op: str
     inputs: tuple[str, ...]
@@ -366,6 +399,8 @@ def trace_dtypes(fn: Callable[[], object]) -> list[OpTrace]:
     A ``TorchDispatchMode`` sits below autocast, so it sees what autocast decided: the
     ``_to_copy`` casts it inserts and the dtype each kernel ran in (lesson 11). Pure view ops
     (transpose, split, ...) are left out.
+
+    Used in lesson 11.
     """
     recorder = _DtypeRecorder()
     with recorder:

@@ -15,12 +15,18 @@ PRESET_ENV = "AMP_TUTORIAL_PRESET"
 
 
 class UnknownPresetError(ValueError):
-    """Raised for a preset name that does not exist; the message lists the valid names."""
+    """Raised for a preset name that does not exist; the message lists the valid names.
+
+    Used in every lesson but 01: `get_preset` raises it.
+    """
 
 
 @dataclass(frozen=True)
 class TransformerSizes:
-    """Sizes of lesson 11's decoder-only transformer and its sequence-reversal task."""
+    """Sizes of lesson 11's decoder-only transformer and its sequence-reversal task.
+
+    Used in lesson 11.
+    """
 
     d_model: int  # width of every token's vector
     n_layers: int
@@ -36,7 +42,10 @@ class TransformerSizes:
 
 @dataclass(frozen=True)
 class Preset:
-    """Sizes for the quantized-sinusoid problem and how long to train and time it."""
+    """Sizes for the quantized-sinusoid problem and how long to train and time it.
+
+    Used in every lesson but 01.
+    """
 
     name: str
     grid: int  # the input is a grid x grid image with 2 channels (the x, y coordinates)
@@ -88,6 +97,8 @@ def get_preset(name: str | None = None, device_type: str | None = None) -> Prese
     """Return the preset called ``name`` (or ``$AMP_TUTORIAL_PRESET``, or ``auto``).
 
     ``auto`` resolves to ``paper`` on cuda/xpu and ``cpu`` on cpu/mps.
+
+    Used in every lesson but 01.
     """
     chosen = (name or os.environ.get(PRESET_ENV) or "auto").strip().lower()
     if chosen == "auto":

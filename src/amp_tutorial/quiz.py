@@ -12,7 +12,10 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Question:
-    """One multiple-choice question: the text, lettered options, the right letter, and why."""
+    """One multiple-choice question: the text, lettered options, the right letter, and why.
+
+    Used in lesson 06.
+    """
 
     text: str
     options: dict[str, str]
@@ -90,7 +93,10 @@ QUESTIONS: dict[int, Question] = {
 
 
 def quiz_markdown() -> str:
-    """The questions and their options as Markdown, for ``IPython.display.Markdown``."""
+    """The questions and their options as Markdown, for ``IPython.display.Markdown``.
+
+    Used in lesson 06.
+    """
     parts = []
     for number, q in QUESTIONS.items():
         options = "\n".join(f"   - **{letter}**: {text}" for letter, text in q.options.items())
@@ -100,7 +106,10 @@ def quiz_markdown() -> str:
 
 @dataclass
 class QuizResult:
-    """Per-question marks; ``all_correct`` is True only when every question is answered right."""
+    """Per-question marks; ``all_correct`` is True only when every question is answered right.
+
+    Used in lesson 06.
+    """
 
     marks: dict[int, str] = field(default_factory=dict)  # "correct", "wrong" or "unanswered"
     lines: list[str] = field(default_factory=list)
@@ -118,7 +127,10 @@ class QuizResult:
 
 
 def check_quiz(answers: Mapping[int, str | None]) -> QuizResult:
-    """Mark ``{question number: letter}``; a right answer shows why, a wrong one only says so."""
+    """Mark ``{question number: letter}``; a right answer shows why, a wrong one only says so.
+
+    Used in lesson 06.
+    """
     result = QuizResult()
     for number, q in QUESTIONS.items():
         given = answers.get(number)

@@ -22,7 +22,10 @@ IGNORE_INDEX = -100  # cross_entropy's default ignore_index: prompt positions ca
 
 @dataclass(frozen=True)
 class ReversalTask:
-    """Random strings of ``n_symbols`` symbols, followed by a separator and their reverse."""
+    """Random strings of ``n_symbols`` symbols, followed by a separator and their reverse.
+
+    Used in lesson 12; in lessons 11, 13 through `make_transformer_problem`.
+    """
 
     n_symbols: int
     seq_len: int  # tokens per model input; the prompt is seq_len // 2 symbols long
@@ -69,11 +72,17 @@ class ReversalTask:
 
 
 def sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the answer positions (targets equal to IGNORE_INDEX are skipped)."""
+    """Mean cross-entropy over the answer positions (targets equal to IGNORE_INDEX are skipped).
+
+    Used in lessons 11, 12, 13.
+    """
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
 
 
 def answer_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> float:
-    """Fraction of answer tokens whose most likely prediction is right (greedy, teacher-forced)."""
+    """Fraction of answer tokens whose most likely prediction is right (greedy, teacher-forced).
+
+    Used in no lesson (only the tests call it).
+    """
     answer = targets != IGNORE_INDEX
     return (logits.argmax(-1)[answer] == targets[answer]).float().mean().item()

@@ -27,6 +27,8 @@ def make_train_step(
     Only the forward pass and the loss run under autocast; backward and the optimizer step do not.
     A ``scaler`` (needed for float16) scales the loss before backward and skips steps whose
     gradients overflowed.
+
+    Used in lesson 04, and by `pdm run bench`.
     """
     return _amp_train_step(model, optimizer, lambda _: (inputs, targets), nn.MSELoss(),
                            inputs.device.type, amp_dtype, scaler)
@@ -64,7 +66,10 @@ def _amp_train_step(
 def make_inference_step(
     model: nn.Module, inputs: torch.Tensor, amp_dtype: torch.dtype | None = None
 ) -> Callable[[int], torch.Tensor]:
-    """Return ``step(i) -> output`` running one forward pass in eval mode, no autograd."""
+    """Return ``step(i) -> output`` running one forward pass in eval mode, no autograd.
+
+    Used in no lesson directly: `pdm run bench` times it.
+    """
     model.eval()
     device_type = inputs.device.type
 
@@ -88,6 +93,8 @@ def make_sequence_train_step(
 
     ``step(i)`` trains on ``batches[i % len(batches)]`` (warm-up steps pass negative ``i``), so
     every precision mode sees the same data in the same order.
+
+    Used in lesson 11, and by `pdm run bench`.
     """
     return _amp_train_step(model, optimizer, lambda i: batches[i % len(batches)], sequence_loss,
                            batches[0][0].device.type, amp_dtype, scaler)
@@ -99,7 +106,10 @@ def sequence_accuracy(
     amp_dtype: torch.dtype | None = None,
 ) -> float:
     """Answer-token accuracy of ``model`` over ``batches`` (eval mode, no autograd, same autocast
-    as training); ``model`` is put back in train mode afterwards."""
+    as training); ``model`` is put back in train mode afterwards.
+
+    Used in lesson 11.
+    """
     model.eval()
     correct = total = 0
     with torch.inference_mode(), torch.autocast(batches[0][0].device.type,

@@ -16,7 +16,10 @@ from torch import nn
 
 @dataclass(frozen=True)
 class TransformerConfig:
-    """The sizes of a :class:`DecoderTransformer`."""
+    """The sizes of a :class:`DecoderTransformer`.
+
+    Used in lesson 12; in lessons 11, 13 through `make_transformer_problem`.
+    """
 
     vocab_size: int
     seq_len: int  # longest input the position embedding covers
@@ -31,7 +34,10 @@ class TransformerConfig:
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head self-attention where position t attends only to positions <= t."""
+    """Multi-head self-attention where position t attends only to positions <= t.
+
+    Used in lessons 11, 12, 13, inside `DecoderTransformer`.
+    """
 
     def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
@@ -49,7 +55,10 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """Linear -> GELU -> Linear, ``mlp_ratio`` times wider in the middle."""
+    """Linear -> GELU -> Linear, ``mlp_ratio`` times wider in the middle.
+
+    Used in lessons 11, 12, 13, inside `DecoderTransformer`.
+    """
 
     def __init__(self, d_model: int, mlp_ratio: int = 4) -> None:
         super().__init__()
@@ -62,7 +71,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
+    """One pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)).
+
+    Used in lessons 11, 12, 13, inside `DecoderTransformer`.
+    """
 
     def __init__(self, d_model: int, n_heads: int, mlp_ratio: int = 4) -> None:
         super().__init__()
@@ -77,7 +89,10 @@ class Block(nn.Module):
 
 
 class DecoderTransformer(nn.Module):
-    """Token ids (batch, seq) -> next-token logits (batch, seq, vocab_size)."""
+    """Token ids (batch, seq) -> next-token logits (batch, seq, vocab_size).
+
+    Used in lessons 11, 12, 13.
+    """
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()

@@ -1,0 +1,34 @@
+"""Every public function and class of the package says which lessons use it (CONTRIBUTING.md)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "amp_tutorial"
+USED_IN = re.compile(r"^Used in (lessons? \d\d|every lesson|no lesson)", re.MULTILINE)
+
+
+def _public_definitions() -> list[tuple[str, str, str | None]]:
+    found = []
+    for module in sorted(PACKAGE.glob("*.py")):
+        for node in ast.parse(module.read_text()).body:
+            if (isinstance(node, ast.FunctionDef | ast.ClassDef)
+                    and not node.name.startswith("_")):
+                found.append((module.stem, node.name, ast.get_docstring(node)))
+    return found
+
+
+def test_the_package_has_public_definitions_to_check() -> None:
+    names = {f"{module}.{name}" for module, name, _ in _public_definitions()}
+    assert {"measure.StepTimer", "checkpoint.parameter_hash", "ddp.train"} <= names
+
+
+@pytest.mark.parametrize(("module", "name", "doc"), [
+    pytest.param(*found, id=f"{found[0]}.{found[1]}") for found in _public_definitions()])
+def test_docstring_names_the_lessons_that_use_it(module: str, name: str, doc: str | None) -> None:
+    assert doc is not None, f"{module}.{name} has no docstring"
+    assert USED_IN.search(doc), f"{module}.{name}: no 'Used in lesson(s) NN' line in its docstring"
