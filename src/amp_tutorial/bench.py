@@ -156,7 +156,7 @@ def make_transformer_problem(
            list[tuple[torch.Tensor, torch.Tensor]]]:
     """Lesson 11's model config, training batches (one per step) and held-out test batches.
 
-    Used in lessons 11, 13.
+    Used in lessons 11, 12, 13.
     """
     sizes = preset.transformer
     task = ReversalTask(sizes.n_symbols, sizes.seq_len)

@@ -99,8 +99,9 @@ def onednn_bf16() -> bool | None:
     in ``aten/src/ATen/native/mkldnn/Utils.h``). Without them (an AVX2-only CPU) a bf16 matmul
     falls back to ATen's reference gemm (``cpublas_gemm_impl`` in ``native/cpu/BlasKernel.cpp``),
     which is many times slower than fp32. PyTorch's own tests ask the same private op; None where
-    this torch has no oneDNN or not the op. Every lesson shows it in the device notes (lesson 11
-    explains it).
+    this torch has no oneDNN or not the op.
+
+    Used in every lesson through `describe_device`'s notes; lesson 11 explains it.
     """
     if not torch.backends.mkldnn.is_available():
         return None

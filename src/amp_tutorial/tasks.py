@@ -24,7 +24,7 @@ IGNORE_INDEX = -100  # cross_entropy's default ignore_index: prompt positions ca
 class ReversalTask:
     """Random strings of ``n_symbols`` symbols, followed by a separator and their reverse.
 
-    Used in lesson 12; in lessons 11, 13 through `make_transformer_problem`.
+    Used in lessons 11, 12 and 13, through `make_transformer_problem`.
     """
 
     n_symbols: int
@@ -78,11 +78,3 @@ def sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
 
-
-def answer_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> float:
-    """Fraction of answer tokens whose most likely prediction is right (greedy, teacher-forced).
-
-    Used in no lesson (only the tests call it).
-    """
-    answer = targets != IGNORE_INDEX
-    return (logits.argmax(-1)[answer] == targets[answer]).float().mean().item()

@@ -18,7 +18,7 @@ from torch import nn
 class TransformerConfig:
     """The sizes of a :class:`DecoderTransformer`.
 
-    Used in lesson 12; in lessons 11, 13 through `make_transformer_problem`.
+    Used in lessons 11, 12 and 13, through `make_transformer_problem`.
     """
 
     vocab_size: int
