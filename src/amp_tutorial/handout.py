@@ -165,7 +165,7 @@ def execute_lesson(lesson: Lesson, preset: str, timeout: int = CELL_TIMEOUT_S,
                 if not keep_going:
                     raise LessonFailedError(f"{error}\n\n{ANSI_ESCAPE.sub('', str(exc))}") from None
                 break
-    seconds = time.perf_counter() - start
+    seconds = round(time.perf_counter() - start, 2)  # as timings.json and the index give it
     show_learner_cells(notebook, learner)
     for cell in notebook.cells:
         if cell.cell_type == "code":
@@ -295,7 +295,7 @@ def render_handout(out: Path, preset: str = DEFAULT_PRESET, notebooks: Path | No
     timings = {
         "preset": preset, "device": device, "torch": torch_version,
         "python": platform.python_version(), "machine": platform.machine(),
-        "seconds": {run.lesson.name: round(run.seconds, 2) for run in runs},
+        "seconds": {run.lesson.name: run.seconds for run in runs},
         "failed": {run.lesson.name: run.error for run in runs if run.error},
     }
     (out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n", encoding="utf-8")
