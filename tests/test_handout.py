@@ -26,6 +26,7 @@ from amp_tutorial.handout import (
     index_html,
     main,
     render_handout,
+    select_lessons,
 )
 from amp_tutorial.solutions import is_exercise
 from tests.conftest import FIGURE_CELL, NOTEBOOKS, UI_TIMEOUT_MS, Cell, read_cells
@@ -88,6 +89,16 @@ def test_index_lists_every_lesson(page: Page, tmp_path: Path) -> None:
         assert link.inner_text() == title.replace("`", ""), f"{path.name}: title not shown"
         row = page.locator("tbody tr").nth(i).inner_text()
         assert row.startswith(number) and format_seconds(7.25 * (i + 1)) in row, row
+
+
+def test_lessons_are_chosen_by_number_or_name_in_course_order() -> None:
+    lessons = find_lessons(NOTEBOOKS)
+    last, first = LESSON_FILES[-1], LESSON_FILES[0]
+    chosen = select_lessons(lessons, [last.name, first.name[:2]])
+    assert [lesson.path for lesson in chosen] == [first, last]
+    assert select_lessons(lessons, [first.stem]) == lessons[:1]
+    with pytest.raises(SystemExit, match=f"no lesson 'zz'; the lessons are {first.name[:2]}, "):
+        select_lessons(lessons, ["zz"])
 
 
 @dataclass
