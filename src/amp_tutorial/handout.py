@@ -40,7 +40,7 @@ import jinja2
 import jupytext
 import nbformat
 from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError, CellTimeoutError
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 from nbconvert import HTMLExporter
 from nbformat import NotebookNode
 from tqdm.auto import tqdm
@@ -158,9 +158,9 @@ def execute_lesson(lesson: Lesson, preset: str, timeout: int = CELL_TIMEOUT_S,
         for index in tqdm(code_cells, desc=lesson.name, unit="cell", leave=False):
             try:
                 client.execute_cell(notebook.cells[index], index)
-            except (CellExecutionError, CellTimeoutError) as exc:
+            except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
                 what = f"{exc.ename}: {exc.evalue}" if isinstance(exc, CellExecutionError) \
-                    else str(exc).splitlines()[0]
+                    else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
                 error = f"{lesson.path.name} failed in {_describe_cell(notebook, index)}: {what}"
                 if not keep_going:
                     raise LessonFailedError(f"{error}\n\n{ANSI_ESCAPE.sub('', str(exc))}") from None
