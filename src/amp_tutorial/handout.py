@@ -184,8 +184,9 @@ def show_learner_cells(notebook: NotebookNode, learner: dict[int, str]) -> None:
         checker = next((i for i in range(index + 1, len(notebook.cells))
                         if notebook.cells[i].cell_type == "code"
                         and not is_exercise(notebook.cells[i])), None)
-        if checker is not None:
-            notebook.cells[checker].outputs = []
+        outputs = notebook.cells[checker].outputs if checker is not None else []
+        if not any(output.output_type == "error" for output in outputs):  # keep a failure shown
+            outputs.clear()
         notebook.cells.insert(index + 1, nbformat.v4.new_markdown_cell(
             EXERCISE_NOTE.format(solution=solution)))
 
