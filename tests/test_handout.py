@@ -166,6 +166,9 @@ def test_handout_pages_show_the_executed_lessons(rendered: Rendered, page: Page)
         if "pd.DataFrame(" in path.read_text():
             assert any(cell.tables for cell in cells), f"{path.name} shows no DataFrame table"
         check_exercises(page, path, cells)
+        emptied = page.locator("details").evaluate_all(
+            "(all) => all.filter((d) => d.children.length < 2).length")
+        assert emptied == 0, f"{path.name}: {emptied} folded hints show their text outside"
         shown.append("\n".join(cell.text for cell in cells))
     assert any("'smoke'" in text for text in shown), "no lesson says it ran at the smoke preset"
 

@@ -203,10 +203,16 @@ def add_navigation(notebook: NotebookNode, lessons: Sequence[Lesson], lesson: Le
 
 
 def render_page(notebook: NotebookNode) -> str:
-    """The notebook as one self-contained HTML page (JupyterLab's look, images embedded)."""
+    """The notebook as one self-contained HTML page (JupyterLab's look, images embedded).
+
+    Output figures are always embedded (PNG data). Images that Markdown cells link to are
+    embedded only where a cell has one: nbconvert reparses such HTML blocks, which closes the
+    hints' ``<details>`` before their text, so they would show unfolded.
+    """
+    markdown = [cell.source for cell in notebook.cells if cell.cell_type == "markdown"]
     exporter = HTMLExporter(template_name="lab", template_file="handout.html.j2",
                             extra_loaders=[jinja2.DictLoader({"handout.html.j2": PAGE_TEMPLATE})],
-                            embed_images=True)
+                            embed_images=any("![" in text or "<img" in text for text in markdown))
     body, _ = exporter.from_notebook_node(notebook)
     return body
 
