@@ -17,6 +17,8 @@ import jupytext
 import nbval.plugin
 import pytest
 
+import amp_tutorial.solutions
+
 NOTEBOOK_NAME = re.compile(r"^\d\d_\w+\.py$")
 
 
@@ -41,20 +43,17 @@ class JupytextNotebook(nbval.plugin.IPyNbFile):
 
 # --- exercises: run each exercise notebook with the reference solution in place ----------------
 # A learner's cell is marked `# %% tags=["exercise"] solution="NAME.py"`; the test run swaps in
-# solutions/NAME.py, so the learner sees the stub while nbval checks the notebook with the answer.
+# solutions/NAME.py (amp_tutorial.solutions, shared with the handout), so the learner sees the stub
+# while nbval checks the notebook with the answer.
 SOLUTIONS = Path(__file__).resolve().parent / "solutions"
 
 
 def use_solutions(notebook) -> None:
     """Replace the source of every cell tagged ``exercise`` with the solution file it names."""
-    for cell in notebook.cells:
-        if "exercise" in cell.metadata.get("tags", []):
-            name = cell.metadata.get("solution")
-            if not name or not (SOLUTIONS / name).is_file():
-                raise pytest.UsageError(
-                    f"exercise cell needs solution=\"NAME.py\" naming a file in {SOLUTIONS}; "
-                    f"got {name!r}")
-            cell.source = (SOLUTIONS / name).read_text()
+    try:
+        amp_tutorial.solutions.use_solutions(notebook, SOLUTIONS)
+    except amp_tutorial.solutions.MissingSolutionError as error:
+        raise pytest.UsageError(str(error)) from error
 # --- end exercises -------------------------------------------------------------------------------
 
 

@@ -9,55 +9,28 @@ under ``CI=true``, where that is a failure. A screenshot of each finished lesson
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import signal
 import time
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import jupytext
 import pytest
-from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from amp_tutorial import select_device
 from amp_tutorial.device import DeviceInfo, dtype_name, fp32_baseline
 from amp_tutorial.lab import notebooks_dir
-from tests.conftest import ROOT, missing_tool
-from tests.lab_server import LabServer, processes_with, start_lab
+from tests.conftest import FIGURE_CELL, ROOT, UI_TIMEOUT_MS, Cell, read_cells
+from tests.lab_server import LabServer, start_lab
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 ARTIFACTS = ROOT / "artifacts" / "browser"
 VIEWPORT = {"width": 1400, "height": 900}
-UI_TIMEOUT_MS = 60_000  # any one UI step: page load, a double-click opening a tab, kernel start
 RUN_ALL_TIMEOUT_MS = 300_000  # a whole lesson at the smoke preset: 10-30 s here
-FIGURE_CELL = re.compile(r"^fig = ", re.MULTILINE)  # the lessons' convention for a cell's figure
-
-# What a code cell shows after Run All. IPython's errors render as stderr text with a traceback;
-# the error mime type is matched too, in case a future JupyterLab renders them with their own.
-READ_CELLS_JS = """(panel) => Array.from(panel.querySelectorAll(".jp-CodeCell"), (cell) => {
-  const outputs = Array.from(cell.querySelectorAll(".jp-OutputArea-output"));
-  const mime = (o) => o.dataset.mimeType;
-  const isError = (o) => mime(o) === "application/vnd.jupyter.error"
-    || (mime(o) === "application/vnd.jupyter.stderr" && o.textContent.includes("Traceback"));
-  return {
-    prompt: cell.querySelector(".jp-InputArea-prompt")?.textContent.trim() ?? "",
-    text: outputs.map((o) => o.textContent).join("\\n"),
-    errors: outputs.filter(isError).map((o) => o.textContent),
-    images: Array.from(cell.querySelectorAll(".jp-OutputArea-output img"))
-      .filter((img) => img.complete && img.naturalWidth > 0).length,
-    tables: Array.from(cell.querySelectorAll(".jp-OutputArea-output table"),
-      (t) => Array.from(t.querySelectorAll("tbody th"), (th) => th.textContent.trim())),
-  };
-})"""
 # Run All is over when the first cell has run, no cell is running or queued ([*]), and the kernel
 # is idle. This holds whether every cell ran or an error stopped the run (the rest stay [ ]).
 RUN_FINISHED_JS = """(panel) => {
@@ -67,53 +40,6 @@ RUN_FINISHED_JS = """(panel) => {
   return /^\\[\\d+\\]:$/.test(prompts[0]) && !prompts.some((p) => p.includes("*"))
     && status === "idle";
 }"""
-
-
-@dataclass
-class Cell:
-    """One code cell as the learner sees it after Run All, with its source from the .py file."""
-
-    source: str
-    prompt: str
-    text: str
-    errors: list[str]
-    images: int
-    tables: list[list[str]]
-
-    def __str__(self) -> str:
-        first_line = next(iter(self.source.splitlines()), "")
-        return f"cell {self.prompt or '[ ]:'} starting {first_line!r}"
-
-
-@pytest.fixture(scope="module")
-def marker() -> Iterator[str]:
-    """An environment entry that the server, its kernels and the browser inherit.
-
-    Torn down last: it fails the run if any of those processes outlived their fixture.
-    """
-    value = f"AMP_TUTORIAL_BROWSER_TEST={uuid.uuid4().hex}"
-    yield value
-    leftovers = processes_with(value)
-    for pid in leftovers:
-        os.kill(pid, signal.SIGKILL)
-    assert not leftovers, f"processes left behind (now killed): {leftovers}"
-
-
-@pytest.fixture(scope="module")
-def browser(marker: str) -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        missing_tool(f"{CHROMIUM} not found",
-                     "install Debian's chromium (apt-get install chromium) to run it")
-    name, value = marker.split("=", 1)
-    expect.set_options(timeout=UI_TIMEOUT_MS)  # its default, 5 s, is short for a kernel start
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS,
-                                              env={**os.environ, name: value},
-                                              timeout=UI_TIMEOUT_MS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 @pytest.fixture(scope="module")
@@ -193,11 +119,6 @@ def run_all(page: Page, panel: Locator, lab: LabServer, path: str, kernel: str,
     page.locator(".lm-Menu-itemLabel").get_by_text("Run All Cells", exact=True).click()
     page.wait_for_function(RUN_FINISHED_JS, arg=panel.element_handle(), timeout=RUN_ALL_TIMEOUT_MS,
                            polling=500)
-
-
-def read_cells(panel: Locator, sources: list[str]) -> list[Cell]:
-    return [Cell(source, **view)
-            for source, view in zip(sources, panel.evaluate(READ_CELLS_JS), strict=True)]
 
 
 def save_screenshot(page: Page, panel: Locator, name: str) -> Path:

@@ -11,8 +11,10 @@ One module per job:
 - ``policy``, ``attention``: autocast's op policy probed live, the dtypes ops ran in, SDPA kernels;
 - ``plots``: the shared figures;
 - ``checkpoint``, ``nonfinite``, ``ddp``: checkpoints with scaler state, inf/NaN hunting, DDP;
-- ``exercise``, ``quiz``: the exercise checker and the quiz;
-- ``bench``, ``lab``: the ``pdm run bench`` and ``pdm run lab`` commands.
+- ``exercise``, ``quiz``, ``solutions``: the exercise checker, the quiz, the reference answers
+  swapped into exercise cells;
+- ``bench``, ``lab``, ``handout``: the ``pdm run bench``, ``pdm run lab`` and ``pdm run handout``
+  commands.
 """
 
 from amp_tutorial.data import generate_grid, make_problem, quantized_sinusoid
