@@ -1,7 +1,11 @@
 # ---
 # jupyter:
+#   amp_tutorial:
+#     minutes: {}
+#     needs: any device, CPU included; the check against PyTorch's CUDA lists runs on
+#       an NVIDIA or AMD GPU
 #   jupytext:
-#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent

@@ -1,7 +1,11 @@
 # ---
 # jupyter:
+#   amp_tutorial:
+#     minutes: {}
+#     needs: any device, CPU included; fp16 gradients are measured on the GPU where
+#       there is one
 #   jupytext:
-#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent

@@ -1,7 +1,10 @@
 # ---
 # jupyter:
+#   amp_tutorial:
+#     minutes: {}
+#     needs: any device, CPU included
 #   jupytext:
-#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent

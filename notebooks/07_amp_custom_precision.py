@@ -1,7 +1,11 @@
 # ---
 # jupyter:
+#   amp_tutorial:
+#     minutes: {}
+#     needs: any device, CPU included; `binary_cross_entropy` is refused only on CUDA,
+#       ROCm or XPU
 #   jupytext:
-#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent

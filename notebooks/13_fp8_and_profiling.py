@@ -1,7 +1,11 @@
 # ---
 # jupyter:
+#   amp_tutorial:
+#     minutes: {}
+#     needs: 'any device, CPU included; FP8 training: NVIDIA compute capability 8.9+
+#       or AMD MI300+, with torchao (`pdm install -G fp8`)'
 #   jupytext:
-#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent

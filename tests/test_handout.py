@@ -19,15 +19,8 @@ import pytest
 import torch
 from playwright.sync_api import Browser, Page
 
-from amp_tutorial.handout import (
-    LessonRun,
-    find_lessons,
-    format_seconds,
-    index_html,
-    main,
-    render_handout,
-    select_lessons,
-)
+from amp_tutorial.handout import LessonRun, format_seconds, index_html, main, render_handout
+from amp_tutorial.lessons import find_lessons, select_lessons
 from amp_tutorial.solutions import is_exercise
 from tests.conftest import FIGURE_CELL, NOTEBOOKS, UI_TIMEOUT_MS, Cell, read_cells
 

@@ -19,6 +19,8 @@ under the exercise cell says so.
 Progress bars (``tqdm.auto``) are live widgets; a static page has no widget runtime, so their
 outputs are dropped. A lesson that raises stops the run with the lesson and cell named
 (``--keep-going`` renders the failed page with its traceback, goes on, and still exits 1).
+
+Used in no lesson: a command for instructors and learners.
 """
 
 from __future__ import annotations
@@ -46,11 +48,10 @@ from nbformat import NotebookNode
 from tqdm.auto import tqdm
 
 from amp_tutorial.lab import notebooks_dir
+from amp_tutorial.lessons import LESSON_GLOB, Lesson, find_lessons, select_lessons
 from amp_tutorial.presets import PRESET_ENV, VALID_NAMES
 from amp_tutorial.solutions import is_exercise, use_solutions
 
-LESSON_GLOB = "[0-9][0-9]_*.py"  # notebooks/_template.py and helpers are not lessons
-TITLE_LINE = re.compile(r"^# # (\d\d) · (.+?)\s*$", re.MULTILINE)  # `# # 03 · Training with AMP`
 DEFAULT_PRESET = "cpu"
 DEFAULT_OUT = Path("artifacts") / "handout"
 CELL_TIMEOUT_S = 600  # per cell, as the test run's --nbval-cell-timeout
@@ -71,27 +72,6 @@ EXERCISE_NOTE = (
     "cell's output is left out: it would give the answer away.")
 
 
-@dataclass(frozen=True)
-class Lesson:
-    """One lesson file and the number and title from its ``# # NN · Title`` line."""
-
-    path: Path
-    number: str
-    title: str
-
-    @property
-    def name(self) -> str:
-        return self.path.stem
-
-    @property
-    def page(self) -> str:
-        return f"{self.name}.html"
-
-    @property
-    def heading(self) -> str:
-        return f"{self.number} · {self.title}"
-
-
 @dataclass
 class LessonRun:
     """What rendering one lesson gave: its run time, and the error that stopped it, if any."""
@@ -103,29 +83,6 @@ class LessonRun:
 
 class LessonFailedError(RuntimeError):
     """A lesson raised while it ran; the message names the lesson and the cell."""
-
-
-def find_lessons(notebooks: Path) -> list[Lesson]:
-    """Every ``NN_*.py`` lesson in ``notebooks``, in course order, with its title."""
-    lessons = []
-    for path in sorted(notebooks.glob(LESSON_GLOB)):
-        match = TITLE_LINE.search(path.read_text(encoding="utf-8"))
-        number, title = match.groups() if match else (path.name[:2], path.stem[3:])
-        lessons.append(Lesson(path, number, title))
-    return lessons
-
-
-def select_lessons(lessons: Sequence[Lesson], wanted: Sequence[str]) -> list[Lesson]:
-    """The lessons named by number (``03``), stem or file name, in course order."""
-    chosen = []
-    for key in wanted:
-        hits = [lesson for lesson in lessons
-                if key in (lesson.number, lesson.name, lesson.path.name)]
-        if not hits:
-            valid = ", ".join(lesson.number for lesson in lessons)
-            raise SystemExit(f"error: no lesson {key!r}; the lessons are {valid}")
-        chosen += hits
-    return [lesson for lesson in lessons if lesson in chosen]
 
 
 def kernel_env(preset: str) -> dict[str, str]:

@@ -4,6 +4,8 @@ A cell the learner writes is tagged ``# %% tags=["exercise"] solution="NAME.py"`
 ``solutions/NAME.py`` (next to ``notebooks/``) holds the reference answer. The test run (the root
 ``conftest.py``, under nbval) and the handout (``amp_tutorial.handout``) both execute the lessons
 with the answers in place; the learner's copy keeps the stub. Lesson 06 has such cells.
+
+Used in no lesson: by the nbval run (the root ``conftest.py``) and ``pdm run handout``.
 """
 
 from __future__ import annotations
