@@ -38,15 +38,11 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 from tqdm.auto import tqdm
 
-from amp_tutorial.bench import make_transformer_problem
-from amp_tutorial.data import make_problem
+from amp_tutorial.bench import course_models
 from amp_tutorial.device import describe_device, dtype_name, select_device
 from amp_tutorial.measure import StepTimer, time_steps
-from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_bars, plot_losses
 from amp_tutorial.presets import get_preset
-from amp_tutorial.tasks import sequence_loss
-from amp_tutorial.transformer import DecoderTransformer
 
 info = select_device()
 preset = get_preset(device_type=info.type)
@@ -62,30 +58,12 @@ print(f"preset {preset.name!r}; low-precision dtype for this lesson: {dtype_name
 # change between runs, not the data.
 
 # %%
-MEMORY_FORMAT = torch.channels_last
-image_in, image_target = make_problem(preset.grid, info.device, MEMORY_FORMAT)
-config, train_batches, _ = make_transformer_problem(preset, info.device)
-tokens, token_targets = train_batches[0]
-
-
-def make_conv():
-    torch.manual_seed(0)
-    return ConvModel(preset.hidden, preset.n_hidden_layers).to(info.device,
-                                                             memory_format=MEMORY_FORMAT)
-
-# %%
-def make_transformer():
-    torch.manual_seed(0)
-    return DecoderTransformer(config).to(info.device)
-
-
-MODELS = {  # name -> (constructor, inputs, targets, loss function)
-    "ConvModel": (make_conv, image_in, image_target, F.mse_loss),
-    "transformer": (make_transformer, tokens, token_targets, sequence_loss),
-}
+MODELS = course_models(preset, info.device)  # name -> (make, inputs, targets, loss_fn)
+make_conv, image_in, image_target, _ = MODELS["ConvModel"]
+make_transformer, tokens, token_targets, _ = MODELS["transformer"]
 print(f"ConvModel: {preset.grid}x{preset.grid} image, hidden {preset.hidden}; transformer: "
-      f"d_model {config.d_model}, {config.n_layers} layers, batch {tokens.shape[0]} x "
-      f"{tokens.shape[1]} tokens")
+      f"d_model {preset.transformer.d_model}, {preset.transformer.n_layers} layers, batch "
+      f"{tokens.shape[0]} x {tokens.shape[1]} tokens")
 
 # %% [markdown]
 # ## 1. torch.compile with AMP

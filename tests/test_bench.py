@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from amp_tutorial import bench
 
@@ -133,3 +134,21 @@ def test_compile_adds_compiled_rows_against_the_eager_baseline(compiled_report):
     assert compiled_fp32["final_loss"] == pytest.approx(eager_fp32["final_loss"], rel=1e-3)
     assert compiled_bf16["activation_ratio"] <= 0.55
 
+
+
+def test_course_models_give_fresh_identical_models_on_their_own_data():
+    from amp_tutorial.bench import course_models
+    from amp_tutorial.presets import get_preset
+
+    preset = get_preset("smoke")
+    models = course_models(preset, "cpu")
+    assert list(models) == ["ConvModel", "transformer"]
+    conv = models["ConvModel"]
+    a, b = conv.make(), conv.make()
+    pairs = zip(a.parameters(), b.parameters(), strict=True)
+    assert a is not b and all(torch.equal(x, y) for x, y in pairs)
+    assert conv.inputs.is_contiguous(memory_format=torch.channels_last)
+    seq = models["transformer"]
+    assert seq.inputs.shape == (preset.transformer.batch, preset.transformer.seq_len)
+    loss = seq.loss_fn(seq.make()(seq.inputs), seq.targets)
+    assert loss.ndim == 0 and torch.isfinite(loss)

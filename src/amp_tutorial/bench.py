@@ -18,6 +18,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -165,6 +166,45 @@ def make_transformer_problem(
     train = task.batches(sizes.steps + sizes.warmup, sizes.batch, SEED, device)
     test = task.batches(TEST_BATCHES, sizes.batch, TEST_SEED, device)
     return config, train, test
+
+
+
+class ModelCase(NamedTuple):
+    """One of the course's two models with one batch of its data: a fresh, seeded model from
+    ``make`` (same weights every call), ``inputs``, ``targets`` and its loss function.
+
+    Used in lessons 12, 13 (through `course_models`).
+    """
+
+    make: Callable[[], torch.nn.Module]
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def course_models(preset: Preset, device: torch.device | str) -> dict[str, ModelCase]:
+    """Lesson 03's ConvModel on its image (channels-last, as the benchmark runs it) and lesson 11's
+    transformer on the first training batch of the reversal task, at the preset's sizes.
+
+    Used in lessons 12, 13.
+    """
+    image_in, image_target = make_problem(preset.grid, device, torch.channels_last)
+    config, train, _ = make_transformer_problem(preset, device)
+    tokens, token_targets = train[0]
+
+    def make_conv() -> torch.nn.Module:
+        torch.manual_seed(SEED)
+        model = ConvModel(preset.hidden, preset.n_hidden_layers)
+        return model.to(device, memory_format=torch.channels_last)
+
+    def make_transformer() -> torch.nn.Module:
+        torch.manual_seed(SEED)
+        return DecoderTransformer(config).to(device)
+
+    return {
+        "ConvModel": ModelCase(make_conv, image_in, image_target, torch.nn.functional.mse_loss),
+        "transformer": ModelCase(make_transformer, tokens, token_targets, sequence_loss),
+    }
 
 
 def run_transformer_mode(
