@@ -7,7 +7,6 @@ import jupytext
 import pytest
 
 from amp_tutorial.lessons import (
-    TABLE_PRESETS,
     find_lessons,
     format_minutes,
     read_lesson,
@@ -27,10 +26,12 @@ def test_every_lesson_is_found_with_its_number_and_title():
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda lesson: lesson.name)
-def test_every_lesson_says_its_run_time_per_preset_and_what_it_needs(lesson):
-    for preset in TABLE_PRESETS:
-        assert lesson.minutes.get(preset, 0) > 0, f"{lesson.name}: no measured {preset} time"
-    assert lesson.minutes["cpu"] >= lesson.minutes["smoke"], "cpu runs bigger sizes than smoke"
+def test_every_lesson_says_its_run_time_and_what_it_needs(lesson):
+    """Every lesson has a measured `smoke` time (the test suite's size); other presets' times are
+    positive where given (the README says "not measured" elsewhere)."""
+    assert lesson.minutes.get("smoke", 0) > 0, f"{lesson.name}: no measured smoke time"
+    assert set(lesson.minutes) <= {"smoke", "cpu", "paper"}, lesson.minutes
+    assert all(minutes > 0 for minutes in lesson.minutes.values()), lesson.minutes
     assert lesson.needs.startswith(("any device", "2 processes")), lesson.needs
 
 
