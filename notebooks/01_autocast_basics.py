@@ -1,7 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     minutes: {}
+#     minutes:
+#       smoke: 0.6
 #     needs: any device, CPU included; the check against PyTorch's CUDA lists runs on
 #       an NVIDIA or AMD GPU
 #   jupytext:

@@ -1,7 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     minutes: {}
+#     minutes:
+#       smoke: 0.6
 #     needs: any device, CPU included; fp16 gradients are measured on the GPU where
 #       there is one
 #   jupytext:

@@ -1,7 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     minutes: {}
+#     minutes:
+#       smoke: 0.4
 #     needs: any device, CPU included; `binary_cross_entropy` is refused only on CUDA,
 #       ROCm or XPU
 #   jupytext:

@@ -1,7 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     minutes: {}
+#     minutes:
+#       smoke: 0.4
 #     needs: any device, CPU included; the old `torch.cuda.amp` spellings work only
 #       on CUDA
 #   jupytext:

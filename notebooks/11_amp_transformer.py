@@ -1,7 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     minutes: {}
+#     minutes:
+#       smoke: 1.0
 #     needs: any device, CPU included; SDPA kernels per dtype and CUDA's float32 list
 #       on an NVIDIA GPU
 #   jupytext:

@@ -1,7 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     minutes: {}
+#     minutes:
+#       smoke: 0.4
 #     needs: 'any device, CPU included; FP8 training: NVIDIA compute capability 8.9+
 #       or AMD MI300+, with torchao (`pdm install -G fp8`)'
 #   jupytext:
