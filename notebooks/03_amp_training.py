@@ -49,6 +49,7 @@ from amp_tutorial.measure import (
     peak_memory_bytes,
     reset_peak_memory,
     saved_activation_bytes,
+    timing_columns,
 )
 from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_bars, plot_image, plot_losses, plot_outputs
@@ -256,10 +257,7 @@ for amp_dtype in info.amp_dtypes:
 base = runs[baseline_name]
 results = pd.DataFrame({
     name: {
-        "time/step median (ms)": r["timing"].median * 1e3,
-        "time/step IQR (ms)": r["timing"].iqr * 1e3,
-        "speedup (t_fp32 / t)": base["timing"].median / r["timing"].median,
-        "peak memory (MB)": r["peak"] / 2**20 if r["peak"] is not None else float("nan"),
+        **timing_columns(r["timing"], base["timing"], r["peak"]),
         "saved activations (MB)": r["saved"] / 2**20,
         "activations vs fp32": r["saved"] / base["saved"],
         "final loss": r["losses"][-1],

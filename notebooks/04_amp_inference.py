@@ -47,6 +47,7 @@ from amp_tutorial.measure import (
     peak_memory_bytes,
     reset_peak_memory,
     time_steps,
+    timing_columns,
 )
 from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_bars, plot_outputs
@@ -129,10 +130,7 @@ for name, infer in candidates.items():
 base = runs[baseline_name]
 results = pd.DataFrame({
     name: {
-        "time/step median (ms)": r["timing"].median * 1e3,
-        "time/step IQR (ms)": r["timing"].iqr * 1e3,
-        "speedup (t_fp32 / t)": base["timing"].median / r["timing"].median,
-        "peak memory (MB)": r["peak"] / 2**20 if r["peak"] is not None else float("nan"),
+        **timing_columns(r["timing"], base["timing"], r["peak"]),
         "layer outputs (MB)": r["layer outputs"] / 2**20,
         "max |prediction - fp32|": (r["prediction"] - base["prediction"]).abs().max().item(),
     }

@@ -46,6 +46,7 @@ from amp_tutorial.measure import (
     peak_memory_bytes,
     reset_peak_memory,
     saved_activation_bytes,
+    timing_columns,
 )
 from amp_tutorial.plots import plot_bars, plot_losses
 from amp_tutorial.policy import (
@@ -162,12 +163,9 @@ del check_model, check_step
 base = runs[baseline]
 results = pd.DataFrame({
     name: {
-        "time/step median (ms)": r["timing"].median * 1e3,
-        "time/step IQR (ms)": r["timing"].iqr * 1e3,
-        "speedup (t_fp32 / t)": base["timing"].median / r["timing"].median,
+        **timing_columns(r["timing"], base["timing"], r["peak"]),
         "saved activations (MB)": r["saved"] / 2**20,
         "activations vs fp32": r["saved"] / base["saved"],
-        "peak memory (MB)": r["peak"] / 2**20 if r["peak"] is not None else float("nan"),
         "final loss": r["losses"][-1],
         "held-out accuracy": r["accuracy"],
     }

@@ -1,5 +1,6 @@
 """Measurement: per-step timing with warm-up, statistics, and exact saved-activation bytes."""
 
+import math
 import time
 
 import pytest
@@ -176,3 +177,15 @@ def test_op_dtype_rows_show_autocast_matmuls_in_bf16_and_the_casts_from_fp32():
     assert rows[("aten::mm", "fp32, fp32")]["calls"] == 1
     assert rows[("aten::_to_copy", "fp32")]["calls"] == 2  # autocast cast a and b down
     assert all(r["self time (us)"] >= 0 for r in rows.values())
+
+
+def test_timing_columns_compare_against_the_baseline():
+    from amp_tutorial.measure import Timing, timing_columns
+
+    fp32, amp = Timing((0.010, 0.012, 0.014)), Timing((0.004, 0.005, 0.009))
+    columns = timing_columns(amp, fp32, 3 * 2**20)
+    assert columns["time/step median (ms)"] == pytest.approx(5.0)
+    assert columns["speedup (t_fp32 / t)"] == pytest.approx(12 / 5)
+    assert columns["time/step IQR (ms)"] == pytest.approx(amp.iqr * 1e3)
+    assert columns["peak memory (MB)"] == pytest.approx(3.0)
+    assert math.isnan(timing_columns(amp, fp32, None)["peak memory (MB)"])

@@ -111,6 +111,21 @@ class Timing:
         return f"{self.median * 1e3:.2f} ms/step (IQR {self.iqr * 1e3:.2f} ms, n={n})"
 
 
+
+def timing_columns(timing: Timing, baseline: Timing, peak_bytes: int | None) -> dict[str, float]:
+    """The columns every fp32-against-AMP results table starts with: median and IQR per step in
+    ms, the speedup over the baseline (t_fp32 / t, medians) and the allocator's peak in MB (NaN
+    where there is no allocator peak, as on a CPU).
+
+    Used in lessons 03, 04, 11.
+    """
+    return {
+        "time/step median (ms)": timing.median * 1e3,
+        "time/step IQR (ms)": timing.iqr * 1e3,
+        "speedup (t_fp32 / t)": baseline.median / timing.median,
+        "peak memory (MB)": peak_bytes / 2**20 if peak_bytes is not None else float("nan"),
+    }
+
 def _quantile(values: tuple[float, ...], q: float) -> float:
     ordered = sorted(values)
     if len(ordered) == 1:
