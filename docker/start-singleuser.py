@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """A learner's server under the workshop hub (docker-compose.hub.yml): the course, then Jupyter.
 
-DockerSpawner starts the course image with this command and the hub's arguments. The learner's own
-volume is mounted at $AMP_TUTORIAL_NOTEBOOKS (/home/learner/work). Every course file that is not
+DockerSpawner (or Zero to JupyterHub) starts the course image with this command and the hub's
+arguments. The learner's own volume is mounted at /home/learner/work ($AMP_TUTORIAL_WORK to
+change it). Every course file that is not
 there yet is copied in from the image's /home/learner/notebooks; a file already there is left as
 it is, so a learner's edits survive a restart and a newer image only adds lessons. Then
 jupyterhub-singleuser runs, which takes its token and URL prefix from the hub's environment.
@@ -18,6 +19,7 @@ from pathlib import Path
 from amp_tutorial.gpu_access import gpu_access_problem
 
 COURSE = Path("/home/learner/notebooks")
+WORK = "/home/learner/work"  # the learner's volume (DockerSpawner) or home storage (Kubernetes)
 
 
 def copy_missing(source: Path, target: Path) -> list[Path]:
@@ -34,7 +36,8 @@ def copy_missing(source: Path, target: Path) -> list[Path]:
 
 
 def main() -> None:
-    work = Path(os.environ.get("AMP_TUTORIAL_NOTEBOOKS", "/home/learner/work"))
+    work = Path(os.environ.get("AMP_TUTORIAL_WORK", WORK))
+    os.environ["AMP_TUTORIAL_NOTEBOOKS"] = str(work)  # the image's default is COURSE
     added = copy_missing(COURSE, work)
     print(f"course files copied into {work}: {len(added)} new, existing ones kept", flush=True)
     if problem := gpu_access_problem():

@@ -20,6 +20,7 @@ import secrets
 import shutil
 import sys
 import time
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,6 +61,10 @@ def load_hub_config(monkeypatch: pytest.MonkeyPatch, **env: str) -> Config:
         monkeypatch.setenv(name, value)
     monkeypatch.syspath_prepend(str(HUB_DIR))
     monkeypatch.delitem(sys.modules, "hub_gpus", raising=False)
+    # The hub image has NativeAuthenticator; the test environment does not need it: the config
+    # only asks where its templates are.
+    monkeypatch.setitem(sys.modules, "nativeauthenticator", types.SimpleNamespace(
+        __file__="/opt/hub/site-packages/nativeauthenticator/__init__.py"))
     config = Config()
     source = (HUB_DIR / "jupyterhub_config.py").read_text()
     exec(compile(source, "jupyterhub_config.py", "exec"), {"get_config": lambda: config})
@@ -116,6 +121,29 @@ def test_config_admits_nobody_by_itself_and_isolates_learners(
     assert "--timeout=900" in culler["command"]
     [role] = c.JupyterHub.load_roles
     assert role["services"] == ["idle-culler"] and "delete:servers" in role["scopes"]
+
+
+def test_the_spawn_hook_hands_out_gpus_and_takes_them_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    c = load_hub_config(monkeypatch, AMP_TUTORIAL_VARIANT="cuda", AMP_HUB_GPUS="each",
+                        AMP_HUB_GPU_IDS="0,1")
+    assert c.JupyterHub.template_paths == ["/opt/hub/site-packages/nativeauthenticator/templates"]
+
+    def spawner(name: str) -> types.SimpleNamespace:
+        return types.SimpleNamespace(user=types.SimpleNamespace(name=name),
+                                     log=types.SimpleNamespace(info=lambda *args: None))
+
+    def gpu_of(learner: types.SimpleNamespace) -> list[str]:
+        [request] = learner.extra_host_config["device_requests"]
+        return request["DeviceIDs"]
+
+    ada, bob, eve = spawner("ada"), spawner("bob"), spawner("eve")
+    for learner in (ada, bob):
+        c.Spawner.pre_spawn_hook(learner)
+    assert (gpu_of(ada), gpu_of(bob)) == (["0"], ["1"])
+    c.Spawner.post_stop_hook(ada)
+    c.Spawner.pre_spawn_hook(eve)
+    assert gpu_of(eve) == ["0"]  # ada's GPU, free again
 
 
 def test_config_refuses_each_gpu_mode_without_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,6 +255,7 @@ class Hub:
     def sign_in_reply(self, name: str) -> tuple[requests.Session, requests.Response]:
         session = self.session()
         form = session.get(f"{self.url}/hub/login", timeout=30)
+        assert 'href="/hub/signup"' in form.text  # NativeAuthenticator's login page
         reply = session.post(f"{self.url}/hub/login", allow_redirects=False, timeout=30, data={
             "username": name, "password": PASSWORD, "_xsrf": hidden_xsrf(form.text)})
         return session, reply
@@ -373,7 +402,9 @@ def test_an_unadmitted_user_gets_no_server(workshop: Class) -> None:
     assert reply.status_code == 200 and "has not been authorized" in reply.text
     assert "jupyterhub-session-id" not in session.cookies or not any(
         c.name == "jupyterhub-hub-login" for c in session.cookies)
-    refused = hub.session().post(f"{hub.url}/hub/api/users/eve/server", timeout=30)
+    # Whatever her failed sign-in left in her browser does not start a server either.
+    refused = session.post(f"{hub.url}/hub/api/users/eve/server", timeout=30,
+                           headers={"X-XSRFToken": session.cookies.get("_xsrf", "")})
     assert refused.status_code == 403
     # The admin's view: eve never became a hub user, and has no container.
     assert hub.api("GET", "/hub/api/users/eve", workshop.tokens["teacher"]).status_code == 404

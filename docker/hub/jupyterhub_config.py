@@ -19,8 +19,10 @@ is made afresh at each start, since the proxy runs inside this container with th
 
 import os
 import sys
+from pathlib import Path
 
 import hub_gpus
+import nativeauthenticator
 
 c = get_config()  # noqa: F821 -- provided by JupyterHub when it loads this file
 
@@ -51,6 +53,8 @@ c.JupyterHub.cookie_secret_file = "/srv/jupyterhub/jupyterhub_cookie_secret"
 
 # --- Sign-in: learners sign up, and get nothing until the admin admits them ---
 c.JupyterHub.authenticator_class = "nativeauthenticator.NativeAuthenticator"
+# NativeAuthenticator's own pages first: its login page links to the sign-up page.
+c.JupyterHub.template_paths = [str(Path(nativeauthenticator.__file__).parent / "templates")]
 c.Authenticator.admin_users = {setting("AMP_HUB_ADMIN")}
 # NativeAuthenticator lets nobody in who has not been admitted (or is the admin), so every user
 # it authenticates may use the hub; JupyterHub >= 5 wants that said.
@@ -70,13 +74,15 @@ c.DockerSpawner.volumes = {PREFIX + "-{username}": WORK}
 c.DockerSpawner.remove = True  # the container goes when the server stops; the volume stays
 c.DockerSpawner.cmd = ["start-singleuser"]  # copies the course into the volume, keeps edits
 c.DockerSpawner.notebook_dir = WORK
-c.DockerSpawner.environment = {"AMP_TUTORIAL_NOTEBOOKS": WORK}
+c.DockerSpawner.environment = {"AMP_TUTORIAL_WORK": WORK}
 c.DockerSpawner.cpu_limit = float(setting("AMP_HUB_CPU_LIMIT", "4"))
 c.DockerSpawner.mem_limit = setting("AMP_HUB_MEM_LIMIT", "8G")
 c.DockerSpawner.start_timeout = 180
 c.Spawner.default_url = "/lab"
 
-gpu_of: dict[str, str] = {}  # user -> GPU, in `each` mode, for the servers this hub started
+# user -> GPU, in `each` mode, for the servers this hub started. It lives in memory: after a hub
+# restart, servers still running from before are not counted (the README says so).
+gpu_of: dict[str, str] = {}
 
 
 def give_gpus(spawner) -> None:
