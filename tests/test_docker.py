@@ -332,7 +332,9 @@ def host_gpu_files() -> Iterator[dict[str, Path]]:
 def test_container_turns_healthy(lab: Lab) -> None:
     container = lab.container()
     assert container["State"]["Health"]["Status"] == "healthy"
-    assert "/api" in " ".join(container["Config"]["Healthcheck"]["Test"])
+    probe = " ".join(container["Config"]["Healthcheck"]["Test"])
+    # the server's API, below the hub's URL prefix when the hub started it (/ here)
+    assert "JUPYTERHUB_SERVICE_PREFIX', '/') + 'api'" in probe, probe
 
 
 def test_api_answers_only_with_the_token(lab: Lab) -> None:
