@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
+#       cpu: 0.4
 #       smoke: 0.6
 #     needs: any device, CPU included; the check against PyTorch's CUDA lists runs on
 #       an NVIDIA or AMD GPU

@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
+#       cpu: 1.1
 #       smoke: 0.6
 #     needs: any device, CPU included; fp16 gradients are measured on the GPU where
 #       there is one

@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
+#       cpu: 27.9
 #       smoke: 0.5
 #     needs: any device, CPU included
 #   jupytext:

@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
+#       cpu: 4.2
 #       smoke: 0.4
 #     needs: any device, CPU included; `binary_cross_entropy` is refused only on CUDA,
 #       ROCm or XPU

@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
+#       cpu: 1.5
 #       smoke: 0.4
 #     needs: any device, CPU included; the old `torch.cuda.amp` spellings work only
 #       on CUDA

@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
+#       cpu: 7.9
 #       smoke: 1.0
 #     needs: any device, CPU included; SDPA kernels per dtype and CUDA's float32 list
 #       on an NVIDIA GPU
