@@ -2,7 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
-#       cpu: 13.6
+#       cpu: 4.9
 #       smoke: 0.6
 #     needs: any device, CPU included; allocator peak memory on a GPU
 #   jupytext:

@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
+#       cpu: 1.5
 #       smoke: 0.6
 #     needs: any device, CPU included; allocator peak memory on a GPU
 #   jupytext:

@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
+#       cpu: 2.7
 #       smoke: 0.6
 #     needs: any device, CPU included
 #   jupytext:

@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
+#       cpu: 0.5
 #       smoke: 0.5
 #     needs: '2 processes: a CPU (Gloo), or 2 GPUs (NCCL/RCCL)'
 #   jupytext:

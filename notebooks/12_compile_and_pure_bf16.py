@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
+#       cpu: 12.8
 #       smoke: 1.0
 #     needs: any device, CPU included; torch.compile on a CPU needs a C++ compiler
 #   jupytext:
@@ -41,7 +42,7 @@ from tqdm.auto import tqdm
 
 from amp_tutorial.bench import course_models
 from amp_tutorial.device import describe_device, dtype_name, select_device
-from amp_tutorial.measure import StepTimer, time_steps
+from amp_tutorial.measure import StepTimer, fresh_compile_cache, time_steps
 from amp_tutorial.plots import plot_bars, plot_losses
 from amp_tutorial.presets import get_preset
 
@@ -119,7 +120,14 @@ assert traced.loc["convolution", "autocast on"] == traced.loc["convolution", "au
 # Inductor needs a C++ compiler on CPUs (and Triton on GPUs). At the `smoke` preset the lesson
 # uses the `aot_eager` backend instead: it captures the same graphs but generates no code, which
 # keeps the test suite fast and says nothing about speed, and it compiles only the AMP runs. The
-# optimizer step stays eager here.
+# optimizer step stays eager here. Each run times at most 32 steps: enough for a median, and four
+# runs per model stay within minutes on a CPU that emulates bf16 (lesson 03 trains to the end).
+#
+# Inductor keeps what it compiled in an on-disk cache (`/tmp/torchinductor_<user>` unless
+# `TORCHINDUCTOR_CACHE_DIR` says otherwise), and the FX-graph and AOTAutograd caches in it are on
+# by default: a second run of the same model would time a cache hit, a fraction of the real
+# compile. `fresh_compile_cache` points it at a new empty folder for the runs below (and removes
+# it after), so the compile time is the one a new model costs the first time.
 
 # %%
 def choose_backend():
@@ -165,20 +173,21 @@ def train(model_name, amp_dtype, compiled, steps):
 
 # %%
 compile_runs = []
-for model_name in MODELS:
-    steps = preset.steps if model_name == "ConvModel" else min(preset.steps, 32)
-    for compiled in (False, True):
-        if compiled and BACKEND is None:
-            print(f"{model_name}: compiled runs skipped: {backend_reason}")
-            continue
-        for amp_dtype in (None, LOW):
-            if compiled and amp_dtype is None and preset.name == "smoke":
-                continue  # smoke: compile only the AMP run, to keep CI short
-            try:
-                compile_runs.append(train(model_name, amp_dtype, compiled, steps))
-            except Exception as err:  # a broken toolchain must not end the lesson
-                print(f"{model_name} compiled {dtype_name(amp_dtype)} failed: "
-                      f"{type(err).__name__}: {str(err)[:300]}")
+with fresh_compile_cache():  # Inductor's on-disk cache starts empty: cold compiles
+    for model_name in MODELS:
+        for compiled in (False, True):
+            if compiled and BACKEND is None:
+                print(f"{model_name}: compiled runs skipped: {backend_reason}")
+                continue
+            for amp_dtype in (None, LOW):
+                if compiled and amp_dtype is None and preset.name == "smoke":
+                    continue  # smoke: compile only the AMP run, to keep CI short
+                try:
+                    compile_runs.append(train(model_name, amp_dtype, compiled,
+                                              min(preset.steps, 32)))
+                except Exception as err:  # a broken toolchain must not end the lesson
+                    print(f"{model_name} compiled {dtype_name(amp_dtype)} failed: "
+                          f"{type(err).__name__}: {str(err)[:300]}")
 
 # %%
 table = pd.DataFrame([{

@@ -1,6 +1,7 @@
 """Measurement: per-step timing with warm-up, statistics, and exact saved-activation bytes."""
 
 import math
+import os
 import time
 
 import pytest
@@ -11,6 +12,7 @@ from amp_tutorial.measure import (
     StepTimer,
     Timing,
     activation_output_bytes,
+    fresh_compile_cache,
     op_dtype_rows,
     peak_memory_bytes,
     reset_peak_memory,
@@ -189,3 +191,35 @@ def test_timing_columns_compare_against_the_baseline():
     assert columns["time/step IQR (ms)"] == pytest.approx(amp.iqr * 1e3)
     assert columns["peak memory (MB)"] == pytest.approx(3.0)
     assert math.isnan(timing_columns(amp, fp32, None)["peak memory (MB)"])
+
+
+@pytest.mark.parametrize("before", [None, "/elsewhere/inductor-cache"])
+def test_fresh_compile_cache_is_where_inductor_compiles_and_goes_away(monkeypatch, before):
+    from torch._inductor.runtime.cache_dir_utils import cache_dir  # how Inductor finds its cache
+
+    if before is None:
+        monkeypatch.delenv(measure.CACHE_VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(measure.CACHE_VARIABLE, before)
+    with fresh_compile_cache() as folder:
+        assert os.listdir(folder) == []  # nothing cached yet: the next compile is cold
+        assert cache_dir() == folder
+    assert not os.path.exists(folder)
+    assert os.environ.get(measure.CACHE_VARIABLE) == before
+
+
+def test_fresh_compile_cache_compiles_again_what_was_compiled_before():
+    compiles = []
+
+    def counting_backend(graph_module, example_inputs):
+        compiles.append(graph_module)
+        return graph_module.forward
+
+    double = torch.compile(lambda x: x * 2, backend=counting_backend)
+    x = torch.ones(3)
+    double(x)
+    double(x)
+    assert len(compiles) == 1  # the second call reused the compiled code
+    with fresh_compile_cache():
+        double(x)
+    assert len(compiles) == 2

@@ -34,6 +34,7 @@ from amp_tutorial.device import (
 )
 from amp_tutorial.measure import (
     Timing,
+    fresh_compile_cache,
     peak_memory_bytes,
     reset_peak_memory,
     saved_activation_bytes,
@@ -431,8 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.model == "transformer":
         results, _ = run_transformer_benchmark(info, preset, progress=not args.no_progress)
     else:
-        results = run_benchmark(info, preset, progress=not args.no_progress,
-                                memory_format=args.memory_format, compile_backend=args.compile)
+        with fresh_compile_cache():  # compile times are cold ones, never a cache hit
+            results = run_benchmark(info, preset, progress=not args.no_progress,
+                                    memory_format=args.memory_format, compile_backend=args.compile)
     report = {
         "device": str(info.device), "backend": info.backend, "device_name": info.name,
         "torch": torch.__version__, "preset": asdict(preset), "baseline": results[0].mode,

@@ -5,13 +5,16 @@
 - every step is timed, and the median and spread are reported, not one total;
 - peak memory is reset before each run and read from the caching allocator where there is one;
 - saved-activation bytes (the memory AMP halves) are counted exactly with saved_tensors_hooks,
-  which works on every device, CPU included.
+  which works on every device, CPU included;
+- compile times are taken with Inductor's on-disk cache in a fresh folder, never from a cache hit.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
+
+CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"  # where Inductor keeps compiled code between runs
 
 
 def synchronize(device: torch.device | str) -> None:
@@ -214,6 +219,32 @@ def time_steps(
         with timer.step():
             results.append(step(i))
     return timer.timing, results
+
+
+@contextmanager
+def fresh_compile_cache() -> Iterator[str]:
+    """Compile cold inside this block: no compiled code from before is reused.
+
+    Inductor reads ``TORCHINDUCTOR_CACHE_DIR`` at every compile (default
+    ``/tmp/torchinductor_<user>``), and its FX-graph and AOTAutograd caches are on by default:
+    without this, a second run of the same model times a cache hit, not a compile. The block
+    points that variable at a new empty folder and clears the in-memory caches
+    (``torch.compiler.reset()``), so a notebook cell run twice compiles twice. On exit the folder
+    is removed and the variable restored.
+
+    Used in lesson 12, and by ``pdm run bench --compile``.
+    """
+    before = os.environ.get(CACHE_VARIABLE)
+    with tempfile.TemporaryDirectory(prefix="amp_tutorial_inductor_") as folder:
+        os.environ[CACHE_VARIABLE] = folder
+        torch.compiler.reset()
+        try:
+            yield folder
+        finally:
+            if before is None:
+                os.environ.pop(CACHE_VARIABLE, None)
+            else:
+                os.environ[CACHE_VARIABLE] = before
 
 
 def saved_activation_bytes(fn: Callable[[], object]) -> int:
