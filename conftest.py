@@ -18,6 +18,7 @@ import nbval.plugin
 import pytest
 
 import amp_tutorial.solutions
+from amp_tutorial.device import DTYPE_ENV
 
 NOTEBOOK_NAME = re.compile(r"^\d\d_\w+\.py$")
 
@@ -26,12 +27,35 @@ def is_notebook(path: Path) -> bool:
     return path.parent.name == "notebooks" and bool(NOTEBOOK_NAME.match(path.name))
 
 
-class JupytextNotebook(nbval.plugin.IPyNbFile):
-    """nbval's notebook collector, fed by jupytext instead of nbformat."""
+# mode -> AMP_TUTORIAL_DTYPE for the lesson's kernel (None: unset, the device's own order)
+DTYPE_MODES = {"auto": None, "fp16": "float16"}
 
-    def __init__(self, *args, **kwargs) -> None:
+
+class Lesson(pytest.File):
+    """One lesson, collected once per dtype mode."""
+
+    def collect(self):
+        for mode, dtype in DTYPE_MODES.items():
+            yield JupytextNotebook.from_parent(self, path=self.path, name=mode,
+                                               nodeid=f"{self.nodeid}::{mode}", dtype=dtype)
+
+
+class JupytextNotebook(nbval.plugin.IPyNbFile):
+    """nbval's notebook collector, fed by jupytext instead of nbformat; its kernel starts with
+    ``AMP_TUTORIAL_DTYPE`` set to ``dtype`` (or unset)."""
+
+    def __init__(self, *args, dtype: str | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.compare_outputs = False
+        self.dtype = dtype
+
+    def setup(self) -> None:
+        # the kernel inherits this process's environment when it starts, and keeps it
+        with mock.patch.dict(os.environ):
+            os.environ.pop(DTYPE_ENV, None)
+            if self.dtype is not None:
+                os.environ[DTYPE_ENV] = self.dtype
+            super().setup()
 
     def collect(self):
         notebook = jupytext.read(self.path)
@@ -79,5 +103,5 @@ def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector):
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):
     if file_path.suffix == ".py" and is_notebook(file_path):
-        return JupytextNotebook.from_parent(parent, path=file_path)
+        return Lesson.from_parent(parent, path=file_path)
     return None

@@ -9,7 +9,10 @@ import torch
 
 from amp_tutorial.device import (
     DEVICE_ENV,
+    DTYPE_ENV,
     DeviceNotAvailableError,
+    _put_first,
+    _requested_dtype,
     _supported_amp_dtypes,
     available_devices,
     cpu_bf16_flags,
@@ -18,6 +21,7 @@ from amp_tutorial.device import (
     fp32_baseline,
     has_fp32_precision_api,
     onednn_bf16,
+    rocm_bf16_native,
     select_device,
     set_strict_fp32,
     tf32_state,
@@ -147,11 +151,61 @@ def test_non_strict_restores_what_a_fresh_process_starts_with(restore_tf32):
     assert now == fresh  # "tf32" and "none" (inherit) on torch 2.14, not "ieee" for matmuls
 
 
-@pytest.mark.parametrize("supported", [True, False])
-def test_xpu_offers_bf16_only_where_torch_xpu_says_so(monkeypatch, supported):
-    monkeypatch.setattr(torch.xpu, "is_bf16_supported", lambda *a, **k: supported, raising=False)
+@pytest.mark.parametrize("native", [True, False])
+def test_xpu_offers_bf16_only_where_native(monkeypatch, native):
+    asked = []
+
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        asked.append(including_emulation)
+        return including_emulation or native  # torch/xpu/__init__.py: emulation counts by default
+
+    monkeypatch.setattr(torch.xpu, "is_bf16_supported", is_bf16_supported, raising=False)
     dtypes = _supported_amp_dtypes(torch.device("xpu"))
-    assert (torch.bfloat16 in dtypes) is supported and torch.float16 in dtypes
+    assert (torch.bfloat16 in dtypes) is native and torch.float16 in dtypes
+    assert asked == [False]  # asked for native support, not the emulation-counting default
+
+
+@pytest.mark.parametrize(("arch", "native"), [
+    ("gfx942:sramecc+:xnack-", True),  # MI300X
+    ("gfx90a:sramecc+:xnack-", True),  # MI250X
+    ("gfx908", True),  # MI100
+    ("gfx1100", True),  # RX 7900 XTX (RDNA 3, WMMA)
+    ("gfx1201", True),  # RDNA 4
+    ("gfx950", True),  # MI350
+    ("gfx906", False),  # MI50 (Vega 20)
+    ("gfx1030", False),  # RX 6800 (RDNA 2)
+])
+def test_rocm_bf16_read_from_the_architecture(arch, native):
+    assert rocm_bf16_native(arch) is native
+
+
+def test_rocm_is_bf16_supported_cannot_tell():
+    # the reason the course reads the architecture: on ROCm torch answers True for every device
+    body = inspect.getsource(torch.cuda.is_bf16_supported).split('"""')[-1]  # after the docstring
+    assert body.index("torch.version.hip") < body.index("including_emulation")
+    assert "return True" in body.split("torch.version.hip")[1].split("\n")[1]
+
+
+def test_dtype_setting_puts_fp16_first_on_the_cpu(monkeypatch):
+    monkeypatch.setenv(DTYPE_ENV, "float16")
+    info = select_device("cpu")
+    assert info.amp_dtypes == (torch.float16, torch.bfloat16)  # as an Ampere+ NVIDIA GPU offers
+    assert info.needs_grad_scaler() and not info.needs_grad_scaler(torch.bfloat16)
+    assert "GradScaler needed" in describe_device(info) and DTYPE_ENV in describe_device(info)
+    monkeypatch.setenv(DTYPE_ENV, "bf16")
+    assert select_device("cpu").amp_dtypes == (torch.bfloat16,)
+    monkeypatch.setenv(DTYPE_ENV, "auto")
+    assert select_device("cpu").amp_dtypes == (torch.bfloat16,)
+
+
+def test_dtype_setting_rejects_what_the_device_lacks(monkeypatch):
+    monkeypatch.setenv(DTYPE_ENV, "float8")
+    with pytest.raises(ValueError, match="auto, float16, bfloat16"):
+        select_device("cpu")
+    # a GPU without native bf16 offers (float16,): asking for bf16 there is a clear error
+    monkeypatch.setenv(DTYPE_ENV, "bfloat16")
+    with pytest.raises(ValueError, match=r"does not offer.*offered: fp16.*unset AMP_TUTORIAL"):
+        _put_first((torch.float16,), torch.device("cuda"), _requested_dtype())
 
 
 def test_fp32_precision_api_detected_by_torch_version():

@@ -2,10 +2,14 @@
 
 CUDA and ROCm share the ``cuda`` device type; ROCm is recognised by ``torch.version.hip``.
 Set ``AMP_TUTORIAL_DEVICE`` (``cuda``, ``cuda:1``, ``mps``, ``xpu`` or ``cpu``) to override the
-choice. On CUDA, ROCm and XPU bfloat16 is offered only where the GPU supports it (natively on
-CUDA); on MPS from torch 2.6 and macOS 14. On the CPU it is always offered (it is CPU autocast's
-default dtype), native or not: ``native_bf16`` and the description say which, because an
-emulated bf16 runs, but usually slower than fp32.
+choice, and ``AMP_TUTORIAL_DTYPE`` (``float16`` or ``bfloat16``) to put that autocast dtype first:
+``float16`` on a CPU runs every lesson the way an NVIDIA or AMD GPU does by default (fp16 autocast
+with an enabled GradScaler), which is how CI rehearses the GPU path without a GPU.
+On CUDA, ROCm and XPU bfloat16 is offered only where the GPU computes it natively (NVIDIA compute
+capability 8.0+, AMD architectures with bf16 matrix instructions, Intel GPUs that report bf16
+conversions); on MPS from torch 2.6 and macOS 14, after fp16. On the CPU it is always offered
+(it is CPU autocast's default dtype), native or not: ``native_bf16`` and the description say
+which, because an emulated bf16 runs, but usually slower than fp32.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import torch
 from amp_tutorial.gpu_access import gpu_access_problem
 
 DEVICE_ENV = "AMP_TUTORIAL_DEVICE"
+DTYPE_ENV = "AMP_TUTORIAL_DTYPE"
+DTYPE_CHOICES = {"auto": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
 KNOWN_DEVICE_TYPES = ("cuda", "mps", "xpu", "cpu")
 
 
@@ -128,15 +134,43 @@ def _cpu_bf16_note(flags: tuple[str, ...] | None) -> str:
             f"arithmetic and back, so bf16 autocast can be slower than fp32 here")
 
 
+# AMD GPU architectures with bf16 matrix instructions: MFMA on CDNA (gfx908 MI100, gfx90a MI200,
+# gfx94x MI300, gfx95x MI350), WMMA on RDNA 3 and 4 (gfx11xx, gfx12xx); from AMD's ISA documents
+# and the LLVM AMDGPU backend's feature lists. Older ones (gfx906, RDNA 2's gfx103x) convert.
+ROCM_BF16_ARCHS = ("gfx908", "gfx90a", "gfx94", "gfx95", "gfx11", "gfx12")
+
+
+def rocm_bf16_native(arch: str) -> bool:
+    """Whether an AMD GPU architecture (``gcnArchName``, e.g. ``gfx942:sramecc+:xnack-``) has bf16
+    matrix instructions. ``torch.cuda.is_bf16_supported()`` returns True for every ROCm device,
+    whatever its arguments (``torch/cuda/__init__.py``), so it cannot tell.
+
+    Used in every lesson through `select_device` (on ROCm).
+    """
+    return arch.split(":")[0].startswith(ROCM_BF16_ARCHS)
+
+
 def _cuda_bf16_native(device: torch.device) -> bool:
     """Native bf16 on a CUDA/ROCm GPU. ``torch.cuda.is_bf16_supported()`` counts emulation by
-    default (True on V100, T4); ``including_emulation=False`` asks for native support."""
+    default (True on V100, T4); ``including_emulation=False`` asks for native support on NVIDIA;
+    on ROCm it says True for every GPU, so the architecture decides."""
+    if torch.version.hip:
+        return rocm_bf16_native(torch.cuda.get_device_properties(device).gcnArchName)
     if "including_emulation" in inspect.signature(torch.cuda.is_bf16_supported).parameters:
         with torch.cuda.device(device):
             return torch.cuda.is_bf16_supported(including_emulation=False)
-    if torch.version.hip:
-        return torch.cuda.is_bf16_supported()
     return torch.cuda.get_device_capability(device)[0] >= 8  # what that argument checks
+
+
+def _xpu_bf16_native() -> bool:
+    """``torch.xpu.is_bf16_supported()`` counts emulation by default (True on every XPU);
+    ``including_emulation=False`` asks the device's ``has_bfloat16_conversions``."""
+    is_bf16 = getattr(torch.xpu, "is_bf16_supported", None)
+    if is_bf16 is None:
+        return True  # older torch: XPU autocast's default dtype is bf16
+    if "including_emulation" in inspect.signature(is_bf16).parameters:
+        return bool(is_bf16(including_emulation=False))
+    return bool(is_bf16())
 
 
 def _supported_amp_dtypes(device: torch.device) -> tuple[torch.dtype, ...]:
@@ -155,12 +189,36 @@ def _supported_amp_dtypes(device: torch.device) -> tuple[torch.dtype, ...]:
             dtypes.append(torch.bfloat16)
         return tuple(dtypes)
     if device.type == "xpu":
-        is_bf16 = getattr(torch.xpu, "is_bf16_supported", None)
-        if is_bf16 is not None and not is_bf16():
-            return (torch.float16,)
-        return (torch.bfloat16, torch.float16)
+        return (torch.bfloat16, torch.float16) if _xpu_bf16_native() else (torch.float16,)
     # CPU autocast also accepts float16, but bfloat16 is the CPU's fast path (AVX512-BF16 / AMX).
     return (torch.bfloat16,)
+
+
+def _requested_dtype() -> torch.dtype | None:
+    """The dtype ``AMP_TUTORIAL_DTYPE`` asks for (None: the device's own order)."""
+    value = os.environ.get(DTYPE_ENV, "").strip().lower() or "auto"
+    aliases = {"fp16": "float16", "half": "float16", "bf16": "bfloat16"}
+    value = aliases.get(value, value)
+    if value not in DTYPE_CHOICES:
+        raise ValueError(f"{DTYPE_ENV}={os.environ[DTYPE_ENV]!r} is not a choice; use one of "
+                         f"{', '.join(DTYPE_CHOICES)} (or unset it)")
+    return DTYPE_CHOICES[value]
+
+
+def _put_first(dtypes: tuple[torch.dtype, ...], device: torch.device,
+               wanted: torch.dtype | None) -> tuple[torch.dtype, ...]:
+    """``dtypes`` with ``wanted`` first. The CPU takes float16 too (fp16 autocast and
+    ``GradScaler("cpu")`` work there, emulated), then offers (float16, bfloat16) as an NVIDIA GPU
+    with native bf16 does; another device must offer ``wanted`` already."""
+    if wanted is None or (dtypes and dtypes[0] == wanted):
+        return dtypes
+    if device.type == "cpu":
+        return (wanted, *(d for d in (torch.float16, torch.bfloat16) if d != wanted))
+    if wanted not in dtypes:
+        offered = ", ".join(dtype_name(d) for d in dtypes) or "none"
+        raise ValueError(f"{DTYPE_ENV} asks for {dtype_name(wanted)}, which {device.type} does not "
+                         f"offer here (offered: {offered}); unset {DTYPE_ENV} or pick one of those")
+    return (wanted, *(d for d in dtypes if d != wanted))
 
 
 @dataclass(frozen=True)
@@ -213,11 +271,23 @@ def _bf16_support(device: torch.device) -> tuple[bool | None, tuple[str, ...]]:
     if device.type == "cuda":
         if _cuda_bf16_native(device):
             return True, ()
+        if torch.version.hip:
+            arch = torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
+            return False, (f"bf16 not offered: this AMD GPU ({arch}) has no bf16 matrix "
+                           f"instructions (those start at {', '.join(ROCM_BF16_ARCHS)}); "
+                           "torch.cuda.is_bf16_supported() says True on every ROCm GPU",)
         major, minor = torch.cuda.get_device_capability(device)
         return False, (f"bf16 not offered: this GPU (compute capability {major}.{minor}) has no "
                        "native bf16 (torch counts it from 8.0, Ampere); "
                        "torch.cuda.is_bf16_supported() without including_emulation=False also "
                        "counts emulated bf16, which runs but slowly",)
+    if device.type == "xpu":
+        native = _xpu_bf16_native()
+        return native, (() if native else ("bf16 not offered: this Intel GPU reports no bf16 "
+                                           "conversions (has_bfloat16_conversions)",))
+    if device.type == "mps" and torch.bfloat16 in _supported_amp_dtypes(device):
+        return None, ("bf16 on MPS: Metal runs it on every Apple GPU, natively on some chips and "
+                      "emulated on others, and PyTorch does not say which, so fp16 comes first",)
     return None, ()
 
 
@@ -233,7 +303,8 @@ def dtype_name(dtype: torch.dtype | None) -> str:
 def select_device(requested: str | None = None) -> DeviceInfo:
     """Pick the best device (cuda > mps > xpu > cpu), or the one requested / set in the environment.
 
-    Raises DeviceNotAvailableError with the available choices when the requested one is absent.
+    Raises DeviceNotAvailableError with the available choices when the requested one is absent,
+    and ValueError when ``AMP_TUTORIAL_DTYPE`` names a dtype the device does not offer.
 
     Used in every lesson (01-13).
     """
@@ -261,9 +332,12 @@ def select_device(requested: str | None = None) -> DeviceInfo:
         device = torch.device(available_devices()[0])
     backend, name = _backend_and_name(device)
     native_bf16, notes = _bf16_support(device)
-    return DeviceInfo(device=device, backend=backend, name=name,
-                      amp_dtypes=_supported_amp_dtypes(device), native_bf16=native_bf16,
-                      notes=notes)
+    wanted = _requested_dtype()
+    dtypes = _put_first(_supported_amp_dtypes(device), device, wanted)
+    if wanted is not None:
+        notes = (*notes, f"{DTYPE_ENV}={dtype_name(wanted)} puts {dtype_name(wanted)} first")
+    return DeviceInfo(device=device, backend=backend, name=name, amp_dtypes=dtypes,
+                      native_bf16=native_bf16, notes=notes)
 
 
 def available_devices() -> list[str]:
