@@ -67,16 +67,18 @@ print(f"  grid {preset.grid}x{preset.grid}, hidden {preset.hidden}, "
 # ## The problem
 #
 # The tensors are stored **channels-last** (NHWC: all channels of one pixel next to each other).
-# The shape still reads (batch, channels, H, W); only the layout in memory changes. Fast
-# convolution kernels (oneDNN on CPUs, tensor-core kernels on GPUs) work in this layout, so with
-# the default NCHW layout every convolution would first reorder its data, and much of what AMP
-# saves would be spent on that. Both the fp32 and the AMP runs use the same layout, so the
-# comparison stays fair; `pdm run bench --memory-format contiguous` measures the NCHW layout.
+# The shape still reads (batch, channels, H, W); only the layout in memory changes. oneDNN, the
+# CPU's convolution library, computes in this layout and reorders NCHW data to it and back around
+# each convolution, which can eat much of what AMP saves. On a GPU it depends on the kernel the
+# library picks (a 1x1 convolution over one NCHW image is already a plain matrix multiply). Both
+# the fp32 and the AMP runs use the same layout, so the comparison stays fair;
+# `pdm run bench --memory-format contiguous` measures the NCHW layout on your device.
 #
 # **channels_last is not fast everywhere.** On AMD GPUs PyTorch hands MIOpen NHWC tensors only
 # when `PYTORCH_MIOPEN_SUGGEST_NHWC=1` is set (`miopen_conv_suggest_memory_format` in PyTorch's
-# `aten/src/ATen/native/ConvUtils.h`, torch 2.14); otherwise channels_last inputs are converted to
-# NCHW around each convolution, which costs copies and gains nothing. With it set, MIOpen's NHWC
+# `aten/src/ATen/native/ConvUtils.h`, torch 2.14); otherwise the first convolution makes its
+# channels_last input contiguous (NCHW) and returns NCHW, so the rest of the network runs in NCHW
+# and the switch only adds a copy of the input. With it set, MIOpen's NHWC
 # kernels are weaker than its NCHW ones on consumer (RDNA) GPUs: on a Radeon RX 7900 XTX, 1x1 NHWC
 # fp16 convolutions, this course's kind, measured 2-4x slower than the same work as a GEMM
 # ([lightvector/KataGo#1237](https://github.com/lightvector/KataGo/pull/1237)). On such a GPU
@@ -114,18 +116,17 @@ assert act_bytes > param_bytes
 # %% [markdown]
 # ## How we measure (and what the original blog got wrong)
 #
-# The ROCm blog this problem comes from timed each run with a context manager that read
-# `time.time()` on entry and exit around the whole 512-step loop, and
-# `torch.cuda.max_memory_allocated()` on exit. Concretely, that measured:
+# The ROCm blog this problem comes from timed each run with a context manager around the whole
+# 512-step loop. On entry it freed memory, reset the peak (`torch.cuda.reset_peak_memory_stats()`),
+# synchronised and read `time.time()`; on exit it read the clock, *then* synchronised, then read
+# `torch.cuda.max_memory_allocated()`. The memory part is sound. The time measured:
 #
 # - **a clock stopped before the GPU finished**: GPUs run asynchronously (a Python line returns
-#   once the work is *queued*), and nothing called `torch.cuda.synchronize()` before the second
-#   clock read, so work still queued was left out of the total;
+#   once the work is *queued*), and the second clock read came before `torch.cuda.synchronize()`,
+#   so work still queued was left out of the total;
 # - **no warm-up**: the first steps, where MIOpen searches for kernels (seconds for a new shape on
 #   ROCm), were inside the timed total of each run;
 # - **one total**, so there was no spread to tell a real difference from noise;
-# - **a peak that was never reset**: without `torch.cuda.reset_peak_memory_stats()` between the
-#   fp32 and the AMP run, the second run's "peak" is the highest value since the process started;
 # - **"speedup: 46%"** that was `1 - t_amp / t_fp32`, the fraction of time saved; as a speedup
 #   (`t_fp32 / t_amp`) that is 1.87x.
 #
@@ -272,9 +273,8 @@ results.round(4)
 # activation bytes of fp32, and its loss falls just as fp32's does. Time is a measurement, not a
 # rule: the sentence below is written from this run's numbers, in whichever direction they went,
 # with the cause where it is known. The `smoke` preset is far too small to show a speedup at all
-# (the step is dominated by overheads). On a CPU without native bf16 (the device line at the top
-# says), bf16 is slower than fp32 at every size: each bf16 value is converted to fp32 for the
-# arithmetic and back.
+# (the step is dominated by overheads). On a CPU without native bf16, bf16 is slower than fp32 at
+# every size; the device line at the top says whether this CPU has it, and why bf16 is slow if not.
 
 # %%
 for name, r in runs.items():

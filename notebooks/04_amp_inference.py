@@ -30,11 +30,11 @@
 # - `model.eval()`: BatchNorm uses its running statistics instead of the batch's, dropout is off;
 # - `torch.inference_mode()`: autograd records nothing and keeps no tensors for backward.
 #
-# The ROCm blog this course started from had neither: its inference runs built a fresh,
-# untrained model in training mode (BatchNorm updating its statistics on every call), ran it
-# without `inference_mode` or `no_grad` (so autograd recorded a graph each time), and read
-# `torch.cuda.max_memory_allocated()` without resetting it, after the same unsynchronised
-# `time.time()` total as its training runs (lesson 03 lists those faults).
+# The ROCm blog this course started from had the first but not the second: its inference runs
+# called `model.eval()` on a fresh, untrained model and ran it without `inference_mode` or
+# `no_grad`, so autograd recorded a graph on every call and kept the tensors it saves for
+# backward, inflating the memory it reported for inference. Its clock had the faults lesson 03
+# lists (stopped before synchronising, no warm-up, one total).
 
 # %%
 import pandas as pd
@@ -107,7 +107,7 @@ runs = {}
 for name, infer in candidates.items():
     reset_peak_memory(info.device)
     timing, outputs = time_steps(infer, preset.inference_steps, info.device, preset.warmup,
-                                 desc=name)
+                                 desc=name, keep_all=False)  # one output alive, not every one
     runs[name] = {
         "timing": timing,
         "peak": peak_memory_bytes(info.device),
@@ -170,8 +170,9 @@ fig = plot_outputs(images, "Predictions served in fp32 and under autocast")
 #
 # The blog reported 46% less time for training and 32% for inference on its GPU (with the faults
 # listed above) and concluded that inference gains less because it has no backward pass. That is
-# not a rule. Measured on a 2-core Xeon with AMX at the `cpu` preset, bf16 inference was 2.5x to
-# 10.8x faster than fp32, more than training's 2.6x to 3.4x (README, "The benchmark"); on a CPU
+# not a rule. Measured at the `cpu` preset (README, "The benchmark"), channels_last: on an EPYC
+# (Zen 5) bf16 inference gained less than training (2.57x against 3.56x); on a Xeon with AMX it
+# ranged from 2.5x to 10.8x across three runs, around training's 2.6x to 3.4x. On a CPU
 # without native bf16 (no AVX512-BF16 or AMX on x86, no BF16 extension on Arm: the flags
 # `amp_tutorial.device` looks for) bf16 is emulated and usually slower than fp32, though how much
 # depends on the kernels of your torch build, so measure it. What decides it is whether

@@ -375,7 +375,7 @@ def inference_timing(model, x, amp_dtype):
             return model(x)
 
     return time_steps(step, preset.inference_steps, info.device, preset.warmup,
-                      desc="inference", progress=False)[0]
+                      desc="inference", progress=False, keep_all=False)[0]
 
 
 def weight_bytes(model):

@@ -3,6 +3,7 @@
 import math
 import os
 import time
+import weakref
 
 import pytest
 import torch
@@ -114,6 +115,21 @@ def test_time_steps_runs_warmup_untimed_and_times_each_step():
     assert results == [0, 2, 4, 6]
     assert len(timing.samples) == 4
     assert all(0.009 < s < 0.045 for s in timing.samples)  # the slow warm-up is not in the samples
+
+
+def test_time_steps_keep_all_false_holds_only_the_last_output():
+    alive = []  # weak references to every output a step returned
+
+    def step(i):
+        out = torch.zeros(1000)
+        alive.append(weakref.ref(out))
+        return out
+
+    _, kept = time_steps(step, 5, "cpu", warmup=1, progress=False, keep_all=False)
+    assert len(kept) == 1 and kept[0] is alive[-1]()
+    assert [ref() is not None for ref in alive] == [False] * 5 + [True]  # the others are freed
+    _, every = time_steps(step, 3, "cpu", progress=False)
+    assert len(every) == 3 and all(ref() is not None for ref in alive[-3:])
 
 
 def test_time_steps_rejects_zero_steps():

@@ -132,7 +132,7 @@ def run_mode(
     infer_first = _first_call_s(infer_step, info.device) if compile_backend else None
     infer_timing, _ = time_steps(infer_step, preset.inference_steps, info.device,
                                  _warmup(preset, compile_backend), desc=f"infer {label}",
-                                 progress=progress)
+                                 progress=progress, keep_all=False)
     infer_peak = peak_memory_bytes(info.device)
     return _result(label, amp_dtype, use_scaler, train_timing, infer_timing, train_peak,
                    infer_peak, activation_bytes, losses,
@@ -248,7 +248,7 @@ def run_transformer_mode(
     reset_peak_memory(info.device)
     infer_step = make_inference_step(model, test[0][0], amp_dtype)
     infer_timing, _ = time_steps(infer_step, max(2, sizes.steps // 4), info.device, sizes.warmup,
-                                 desc=f"infer {label}", progress=progress)
+                                 desc=f"infer {label}", progress=progress, keep_all=False)
     infer_peak = peak_memory_bytes(info.device)
     result = _result(label, amp_dtype, use_scaler, train_timing, infer_timing, train_peak,
                      infer_peak, activation_bytes, losses, final_accuracy=accuracy)

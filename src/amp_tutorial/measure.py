@@ -198,13 +198,16 @@ def time_steps(
     warmup: int = 0,
     desc: str | None = None,
     progress: bool = True,
+    keep_all: bool = True,
 ) -> tuple[Timing, list[object]]:
     """A :class:`StepTimer` around ``step(i)``, for code that times a function rather than
     showing its loop (the benchmark, one forward pass, one attention call).
 
     Calls ``step(-1)``, ``step(-2)``, ... for ``warmup`` untimed then ``step(0)`` ...
     ``step(n_steps - 1)`` timed. Returns the timing and what the timed steps returned (e.g.
-    losses as Python floats, so no graph is kept alive).
+    losses as Python floats, so no graph is kept alive). ``keep_all=False`` keeps only the last
+    step's result, so that timed forward passes do not hold every output and the peak memory
+    read afterwards is one pass's, not all of them.
 
     Used in lessons 04, 12; in lesson 11 through `attention_cost`.
     """
@@ -217,7 +220,10 @@ def time_steps(
     results: list[object] = []
     for i in tqdm(range(n_steps), desc=desc, disable=not progress):
         with timer.step():
-            results.append(step(i))
+            result = step(i)
+        if keep_all or i == n_steps - 1:
+            results.append(result)
+        del result  # with keep_all=False, the last output is the only one kept
     return timer.timing, results
 
 
