@@ -383,7 +383,9 @@ assert np.isclose(spike_shrink, CLIP_SCALE / 10, rtol=1e-2)
 # orders and without clipping:
 
 # %%
-CLIP_STEPS = max(preset.steps // 2, 6)
+CLIP_STEPS = min(max(preset.steps // 2, 6), 64)
+torch.backends.cudnn.deterministic = True  # GPU runs compared bit for bit below: no racing kernels
+torch.backends.cudnn.benchmark = False
 spike_norm = 10 * true_norm
 adam_runs = {order: train_clipped(torch.optim.Adam, order, spike_norm, CLIP_STEPS)
              for order in ORDERS}
@@ -395,8 +397,10 @@ print(f"max_norm {spike_norm:.3g}; the clip fired on {clipped_steps} of {CLIP_ST
       f"final loss {final_loss}")
 
 assert clipped_steps[ORDERS[0]] == 0 and right["loss"].equals(unclipped["loss"])  # never fired
-assert clipped_steps[ORDERS[1]] == CLIP_STEPS  # the wrong order clipped every single step
-assert np.allclose(wrong["optimizer got"], spike_norm / CLIP_SCALE, rtol=1e-3)  # one fixed norm
+# the wrong order clips while S * ||g|| > max_norm, i.e. until ||g|| falls S / 10 ~ 100-fold:
+assert clipped_steps[ORDERS[1]] >= 0.9 * CLIP_STEPS  # (nearly) every step
+fired = wrong["clip saw"] > spike_norm
+assert np.allclose(wrong["optimizer got"][fired], spike_norm / CLIP_SCALE, rtol=1e-3)  # fixed norm
 assert not wrong["loss"].equals(right["loss"])  # a different training run
 
 # %%
@@ -409,12 +413,13 @@ print(f"update norm, first -> last step: unscale_ first {right['update'].iloc[0]
 
 # %% [markdown]
 # In the right order the clip never fires and the run is bit for bit the unclipped one. In the
-# wrong order it fires on **every** step and hands Adam a gradient of one fixed norm, `max_norm /
-# S`, so Adam no longer sees the gradient shrink as the loss falls and its steps do not shrink
-# either (compare the curves' ends). That is normalised-gradient Adam, not the optimizer you
-# configured, and its threshold moves whenever the scale changes. Any other code that reads or
-# changes `.grad` between backward and step (gradient logging, custom regularisers) needs
-# `scaler.unscale_(optimizer)` first, too.
+# wrong order it fires on (nearly) **every** step, until the true gradient norm has fallen about
+# S / 10 times below the first step's, and each time hands Adam a gradient of one fixed norm,
+# `max_norm / S`, so Adam no longer sees the gradient shrink as the loss falls and its steps do
+# not shrink either (compare the curves' ends). That is normalised-gradient Adam, not the
+# optimizer you configured, and its threshold moves whenever the scale changes. Any code that
+# reads or changes `.grad` between backward and step (gradient logging, custom regularisers)
+# needs `scaler.unscale_(optimizer)` first, too.
 #
 # ## 5. bfloat16 needs no scaler
 #

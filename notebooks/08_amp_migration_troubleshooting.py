@@ -235,8 +235,9 @@ culprit = first_nonfinite_module(model, forward_fp16)
 print(f"first non-finite output: {culprit}")
 assert culprit is not None and culprit.name == "layers.0" and culprit.dtype == torch.float16
 
-with torch.autocast(info.type, dtype=torch.bfloat16):
-    assert model(raw_inputs).isfinite().all()  # bf16 has fp32's range: no overflow
+if torch.bfloat16 in info.amp_dtypes or info.type == "cpu":  # not every GPU computes bf16
+    with torch.autocast(info.type, dtype=torch.bfloat16):
+        assert model(raw_inputs).isfinite().all()  # bf16 has fp32's range: no overflow
 with torch.autocast(info.type, dtype=torch.float16):
     assert model(raw_inputs / 1e5).isfinite().all()  # normalised inputs: no overflow either
 
@@ -320,7 +321,9 @@ memory = pd.DataFrame({"fp32": memory_breakdown(False),
 memory.loc["total"] = memory.sum()
 ratio = memory.iloc[:, 1] / memory.iloc[:, 0]
 assert (ratio[["weights", "gradients", "Adam state"]] == 1).all()  # AMP does not touch these
-assert ratio["saved activations"] <= 0.55
+# MPS autocast keeps batch_norm in fp32 (KERNEL_MPS(batch_norm, fp32), autocast_mode.cpp), so
+# there AMP saves fp32 BatchNorm inputs as well: more than fp32 in all (lesson 03 counts it)
+assert ratio["saved activations"] <= (1.3 if info.type == "mps" else 0.55)
 print(f"activations {ratio['saved activations']:.2f}x, total {ratio['total']:.2f}x of fp32")
 memory.round(3).rename(columns=lambda c: f"{c} (MB)")
 

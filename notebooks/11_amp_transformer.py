@@ -244,12 +244,17 @@ trace
 # - The **residual stream stays float32**: `x + attn(...)` adds a float32 tensor and a
 #   low-precision one, and ordinary type promotion gives float32, autocast or not.
 # - **Layer norm** therefore receives float32 here and runs in float32, on every device, for
-#   device-specific reasons. On CUDA, `layer_norm`, `softmax`/`log_softmax` (float32 output) and
-#   `nll_loss` are on autocast's float32 list: autocast casts their inputs up, whatever they are.
-#   On CPU, layer norm and softmax are on no list (of this model's ops only the loss,
-#   `cross_entropy_loss` / `nll_loss`, is): a bf16 input to them runs in bf16. The probe shows both.
-# - **Cross-entropy** runs in float32 on both. Its log-softmax subtracts the row's maximum, so no
-#   exp overflows; the reason is the sum of exps over the vocabulary, which in 16 bits loses the
+#   device-specific reasons. On CUDA, `layer_norm` is on autocast's float32 list: autocast casts
+#   its input up, whatever it is. On CPU, layer norm and softmax are on no list (of this model's
+#   ops only the loss, `cross_entropy_loss` / `nll_loss`, is): a bf16 input to them runs in bf16.
+#   The probe shows both.
+# - **Cross-entropy** runs in float32 on every device because the course's `sequence_loss` casts
+#   the logits with `.float()` first, and you should too. Autocast alone does not do it on a GPU:
+#   on CUDA, XPU and MPS `cross_entropy` is on no list, and it calls `log_softmax(x,
+#   dtype=x.dtype)`; autocast keeps an explicit dtype (`fp32_set_opt_dtype` in `autocast_mode.h`),
+#   so a 16-bit input is normalised in 16 bits and only `nll_loss` gets float32. Only CPU autocast
+#   lists `cross_entropy_loss` itself. Its log-softmax subtracts the row's maximum, so no exp
+#   overflows; the reason is the sum of exps over the vocabulary, which in 16 bits loses the
 #   small terms. It matters little for this task's 11 to 33 tokens, a lot for a language model's
 #   tens of thousands.
 
@@ -268,7 +273,7 @@ assert logs and all(t.output == "fp32" for t in logs), "cross-entropy did not ru
 # Lesson 01's probe separates what autocast decides from what the op does anyway: each op runs
 # with autocast off and on, on float32 and low-precision inputs; only what changes counts as
 # autocast's rule. (Cross-entropy was read from the trace: on CPU `cross_entropy_loss` is on the
-# float32 list; on CUDA its parts `log_softmax` and `nll_loss` are.)
+# float32 list; on CUDA `nll_loss` is, and `log_softmax` keeps the dtype it is handed.)
 
 # %%
 policy = {p.op: p for p in autocast_policy(info.type, amp_dtype)}
@@ -451,8 +456,9 @@ if not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed():  # the defaul
 # ## What to remember
 #
 # - Autocast lowers the matmuls (linear, attention); a pre-norm transformer keeps its residual
-#   stream, layer norms and loss in float32. On CUDA autocast itself forces layer norm, softmax and
-#   the loss to float32; on CPU only the loss is on the float32 list, and bf16 is safe anyway.
+#   stream, layer norms and loss in float32. On CUDA autocast itself runs layer norm and
+#   `nll_loss` in float32, but cross-entropy's log-softmax keeps a 16-bit input's dtype: cast the
+#   logits with `.float()` before the loss. On CPU only the loss is on the float32 list.
 # - In float16: scale before the product, never build masks from constants float16 cannot hold,
 #   use `torch.finfo(dtype).min` where a row can be fully masked, or switch to bfloat16.
 # - Check which attention kernel runs (`sdpa_kernel` + the profiler): the math fallback stores the

@@ -48,9 +48,14 @@ from amp_tutorial.presets import get_preset
 
 info = select_device()
 preset = get_preset(device_type=info.type)
-# this lesson is about bf16; devices without it (old MPS) use their AMP dtype for the comparisons
+# section 1 compares with the device's AMP dtype where bf16 is not offered (a pre-Ampere GPU);
+# section 2 is about bf16 weights and needs bf16 tensors, which CPUs and CUDA GPUs (emulated on
+# pre-Ampere ones) always have, other devices only where bf16 is offered
 LOW = torch.bfloat16 if torch.bfloat16 in info.amp_dtypes else info.amp_dtype
 assert LOW is not None, "this device/torch has no usable autocast dtype"
+assert torch.bfloat16 in info.amp_dtypes or info.type in ("cpu", "cuda"), (
+    f"{info.type} offers no bf16 here (see the device line); run this lesson with "
+    "AMP_TUTORIAL_DEVICE=cpu")
 print(describe_device(info))
 print(f"preset {preset.name!r}; low-precision dtype for this lesson: {dtype_name(LOW)}")
 

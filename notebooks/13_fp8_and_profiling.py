@@ -33,6 +33,7 @@
 
 # %%
 import importlib.util
+import math
 import os
 
 import pandas as pd
@@ -80,17 +81,21 @@ make_transformer, tokens, token_targets, _ = MODELS["transformer"]
 # Two 8-bit float formats are in use: **e4m3** (4 exponent bits, 3 mantissa bits: more
 # precision, for weights and activations) and **e5m2** (5 and 2: more range, for gradients).
 # `torch.finfo` gives their limits next to fp16 and bf16. (`e4m3fn` is the variant without
-# infinities, so its largest value is 448; the `fnuz` variants used by AMD's MI300 differ
-# slightly.)
+# infinities, so its largest value is 448. AMD's MI300 (gfx942) computes only in the `fnuz`
+# variants, with no infinities and no negative zero, and a different range: e4m3fnuz stops at
+# 240. torchao's float8 training switches to them by itself on gfx940-942
+# (`Float8TypeConfig` in `torchao/float8/config.py`); MI350 and NVIDIA use e4m3fn and e5m2.)
 
 # %%
-FORMATS = [torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2]
+FORMATS = [torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2,
+           torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
 formats = pd.DataFrame({dtype_name(d): {
     "bits": torch.finfo(d).bits, "largest": torch.finfo(d).max,
     "smallest normal": torch.finfo(d).smallest_normal, "eps (precision)": torch.finfo(d).eps}
     for d in FORMATS}).T
 assert torch.finfo(torch.float8_e4m3fn).max == 448 and torch.finfo(torch.float8_e5m2).max == 57344
 assert torch.finfo(torch.float8_e4m3fn).eps == 2**-3 and torch.finfo(torch.float8_e5m2).eps == 2**-2
+assert torch.finfo(torch.float8_e4m3fnuz).max == 240  # a scale computed for e4m3fn saturates
 formats
 
 # %% [markdown]
@@ -167,6 +172,7 @@ def train_transformer(use_fp8):
 
         convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn != "head" and (
             m.in_features % 16 == 0 and m.out_features % 16 == 0))
+    fp8_layers = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
     net = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     timer = StepTimer(info.device, warmup=preset.warmup + 1)  # the first step compiles
@@ -182,7 +188,8 @@ def train_transformer(use_fp8):
             losses.append(loss.item())
 
     timing = timer.timing
-    return {"ms/step": timing.median * 1e3, "IQR (ms)": timing.iqr * 1e3, "final loss": losses[-1]}
+    return {"ms/step": timing.median * 1e3, "IQR (ms)": timing.iqr * 1e3,
+            "first loss": losses[0], "final loss": losses[-1], "float8 layers": fp8_layers}
 
 
 # %%
@@ -194,7 +201,11 @@ fp8_runs = {}
 if fp8_ok and has_torchao and FP8_COMPILE:
     fp8_runs = {"bf16 AMP": train_transformer(False), "FP8 + bf16 AMP": train_transformer(True)}
     print(pd.DataFrame(fp8_runs).T.round(3))
-    assert all(r["final loss"] < 10 for r in fp8_runs.values())
+    bf16_run, fp8_run = fp8_runs.values()
+    assert fp8_run["float8 layers"] > 0 == bf16_run["float8 layers"]  # the conversion happened
+    for r in fp8_runs.values():  # both learn: one fixed batch, so the loss must fall a lot
+        assert math.isfinite(r["final loss"]) and r["final loss"] < 0.5 * r["first loss"], r
+    assert abs(fp8_run["final loss"] - bf16_run["final loss"]) <= 0.1 * bf16_run["first loss"]
 else:
     print("Would run: the transformer with torchao.float8.convert_to_float8_training (e4m3 "
           "weights and activations, e5m2 gradients, per-tensor dynamic scales), compiled, under "
@@ -257,7 +268,9 @@ for name in MODELS:
     profiles[name], optimizers[name] = profile_step(name)
 op_tables = {name: pd.DataFrame(op_dtype_rows(p.events())) for name, p in profiles.items()}
 low = dtype_name(LOW)
-COMPUTE = ("aten::convolution", "aten::addmm", "aten::mm", "aten::bmm",
+# no aten::bmm: it runs only in SDPA's math fallback (MPS, GPUs without a fused training kernel),
+# which casts q, k, v up to fp32 first (_scaled_dot_product_attention_math in attention.cpp)
+COMPUTE = ("aten::convolution", "aten::addmm", "aten::mm",
            "aten::_scaled_dot_product_flash_attention_for_cpu",
            "aten::_scaled_dot_product_efficient_attention",
            "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_cudnn_attention")
@@ -345,7 +358,8 @@ saved = {name: {"fp32": saved_mb(name, False), f"AMP {low}": saved_mb(name, True
          for name in MODELS}
 saved = pd.DataFrame(saved).T
 saved["ratio"] = saved[f"AMP {low}"] / saved["fp32"]
-assert saved.loc["ConvModel", "ratio"] <= 0.55
+# MPS autocast keeps batch_norm in fp32 (KERNEL_MPS(batch_norm, fp32)): the ConvModel saves more
+assert saved.loc["ConvModel", "ratio"] <= (1.3 if info.type == "mps" else 0.55)
 assert saved.loc["transformer", "ratio"] < 1
 print("tensors saved for backward (MB) in one forward + loss:")
 saved.round(3)

@@ -74,7 +74,12 @@ class ReversalTask:
 def sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over the answer positions (targets equal to IGNORE_INDEX are skipped).
 
+    The logits are cast to float32 first: on CUDA, XPU and MPS ``cross_entropy`` is on no autocast
+    list and calls ``log_softmax(x, dtype=x.dtype)``, whose explicit dtype autocast keeps, so a
+    16-bit input would be normalised in 16 bits (CPU autocast lists ``cross_entropy_loss`` itself).
+
     Used in lessons 11, 12, 13.
     """
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
+                           ignore_index=IGNORE_INDEX)
 
