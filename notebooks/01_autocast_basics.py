@@ -4,8 +4,8 @@
 #     minutes:
 #       cpu: 0.4
 #       smoke: 0.6
-#     needs: any device, CPU included; the check against PyTorch's CUDA lists runs on
-#       an NVIDIA or AMD GPU
+#     needs: any device, CPU included (other devices' autocast lists are probed on fake
+#       tensors)
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:
@@ -31,7 +31,7 @@
 #
 # 1. compare fp32, fp16 and bf16: range, precision, and what underflows;
 # 2. see autocast lower a matrix multiply but leave an addition alone, on *your* device;
-# 3. generate autocast's op policy live, because it differs between CPU and GPU;
+# 3. generate autocast's op policy live, for your device and every other one, because it differs;
 # 4. see why only the forward pass and the loss belong inside autocast.
 #
 # Every claim below is checked by an `assert` in the cell that makes it, so if a future PyTorch
@@ -191,13 +191,13 @@ assert layer.weight.dtype == torch.float32 and out.dtype == amp_dtype
 # - **refused**: the op raises under autocast;
 # - every other op is on **no list**: autocast changes nothing and the op's own rules decide.
 #
-# Which op is on which list differs between devices and PyTorch versions, so we probe the running
-# device instead of copying a table. An output dtype alone can mislead: `bf16 + fp32` gives fp32
-# by ordinary **type promotion**, with or without autocast. So each op runs twice, with autocast
-# **off and on**, for float32 inputs, low-precision inputs, mixed inputs and (where the op takes
-# one) an explicit `dtype=`, while a `TorchDispatchMode` records every dtype cast that reaches the
-# kernels. Only what changes when autocast is switched on is autocast's decision. A call that
-# fails shows as `raises`, in the table, not as a crash.
+# Which op is on which list differs between devices and PyTorch versions, so we probe the lists
+# instead of copying a table, first on your device. An output dtype alone can mislead:
+# `bf16 + fp32` gives fp32 by ordinary **type promotion**, with or without autocast. So each op
+# runs twice, with autocast **off and on**, for float32 inputs, low-precision inputs, mixed inputs
+# and (where the op takes one) an explicit `dtype=`, while a `TorchDispatchMode` records every
+# dtype cast that reaches the kernels. Only what changes when autocast is switched on is
+# autocast's decision. A call that fails shows as `raises`, in the table, not as a crash.
 
 # %%
 policy = autocast_policy(info.type, amp_dtype)
@@ -237,60 +237,74 @@ if info.type in SOURCE_POLICY:
     assert shown, "expected a promote-list op that fails on mixed dtypes without autocast"
 
 # %% [markdown]
-# **CPU and CUDA keep different lists.** The next table puts the measured rules next to what the
-# source registers for CPU, CUDA (ROCm uses CUDA's lists) and XPU (the same lists as CUDA). Only
-# the column marked *measured* was probed; the others are read from PyTorch's source, and their
-# lists of ops are checked against the kernels this torch build registers for each device, which
-# works without a GPU.
+# **Every device, probed here.** The next table probes every device's lists for fp16 and bf16:
+# CPU, CUDA (AMD GPUs under ROCm use the `cuda` device type and the same lists, hence
+# "cuda/rocm"), Intel XPU and Apple MPS. A device that is here is probed on real tensors. One that
+# is not is probed with **fake tensors** (`torch._subclasses.fake_tensor.FakeTensorMode`): tensors
+# that carry a device and a dtype but no data. Each call still goes through PyTorch's dispatcher
+# and that device's autocast kernels, which insert their casts as usual; only the arithmetic is
+# replaced by "meta" functions that work out the output's shape and dtype. `torch.autocast("cuda")`
+# switches itself off where CUDA is absent, so the probe sets the two switches it would set,
+# `torch.set_autocast_enabled` and `torch.set_autocast_dtype`. An op whose fake call cannot run
+# would be read from the dispatcher's registry of autocast kernels instead, which says only
+# whether the device has a rule for it. Fake tensors tell the dtype of each op, not its speed.
 
 # %%
-compare = pd.DataFrame({
-    f"measured here ({info.type})": verdict,
-    **{f"{dev} (source)": pd.Series(rules) for dev, rules in SOURCE_POLICY.items()},
-})
-if info.type in SOURCE_POLICY:
-    wrong = {op: (verdict[op], rule) for op, rule in SOURCE_POLICY[info.type].items()
-             if verdict[op] != rule}
-    assert not wrong, f"probe and source disagree (measured, source): {wrong}"
-for dev, rules in SOURCE_POLICY.items():
-    registered = registered_ops(policy, dev)
-    if registered is not None:  # this torch has an autocast kernel exactly for the listed ops
-        assert registered == {op: rule != NO_RULE for op, rule in rules.items()}, dev
-differ = compare[compare["cpu (source)"] != compare["cuda (source)"]]
-print(f"{len(differ)} of {len(compare)} probed ops follow different rules on CPU and CUDA:")
-differ
+DEVICES = {"cpu": "cpu", "cuda": "cuda/rocm", "xpu": "xpu", "mps": "mps"}
+probes = {(dtype_name(low), label): autocast_policy(device_type, low)  # real or fake tensors
+          for low in (torch.float16, torch.bfloat16) for device_type, label in DEVICES.items()}
+rules = pd.DataFrame({column: {r.op: r.verdict for r in rows} for column, rows in probes.items()})
+rules.columns.names = ["autocast dtype", "device"]
+probed_by = pd.Series({column: ", ".join(sorted({r.how for r in rows}))
+                       for column, rows in probes.items()}).unstack()[list(DEVICES.values())]
+print(f"how each column was probed in this run (torch {torch.__version__}):")
+print(probed_by.to_string())
+rules
 
 # %% [markdown]
-# Read the differences before moving code between devices. The ops CUDA protects with its float32
-# lists (exp, log, pow, sums, softmax, layer_norm) are on **no CPU list**: CPU autocast runs them
-# in whatever dtype they are given, bf16 included. The promote lists do not overlap at all: `cat`,
-# `stack` and `index_copy` on CPU, `addcmul`, `dot`, `index_put`, `scatter_add` and others on CUDA.
-# `binary_cross_entropy` runs in float32 on CPU and is refused on CUDA (lesson 07).
+# Read the differences before moving code between devices; the next cell asserts each one:
 #
-# These sentences read the source columns of the table, so the table is checked first. The CPU
-# column was checked above where this runs on a CPU (measured); the CUDA/XPU column is checked
-# here against the lists (`AT_FORALL_LOWER_PRECISION_FP`, `AT_FORALL_FP32`,
-# `AT_FORALL_FP32_SET_OPT_DTYPE`, `AT_FORALL_PROMOTE`) that the installed torch's
-# `include/ATen/autocast_mode.h` defines and `autocast_mode.cpp` registers for CUDA and XPU.
-# The ban on `binary_cross_entropy` is registered in `autocast_mode.cpp` itself, on none of them.
+# - fp16 and bf16 get the same rules on every device; only the dtype autocast lowers to differs.
+# - Each column is what PyTorch's source registers for that device: XPU registers CUDA's lists
+#   (`AT_FORALL_*` in `autocast_mode.h`, read here from the installed torch's copy), MPS its own
+#   list in `autocast_mode.cpp`.
+# - The ops CUDA keeps in float32 (exp, log, pow, sums, softmax, layer_norm, group_norm) are on
+#   **no CPU list**: CPU autocast runs them in whatever dtype they are given, bf16 included.
+# - The promote lists do not overlap: `cat`, `stack` and `index_copy` on CPU; `addcmul`, `dot`,
+#   `index_put`, `scatter_add` and others on CUDA, XPU and MPS.
+# - `binary_cross_entropy` runs in float32 on CPU, is refused on CUDA and XPU (lesson 07), and is
+#   on no MPS list.
+# - Only MPS runs `batch_norm` in float32. MPS also puts sums and softmax on its plain float32
+#   list: with a `dtype=` of yours, autocast still casts their input up to float32 (the output
+#   keeps your dtype); CUDA leaves such a call alone.
 
 # %%
-cpu_rules, cuda_rules = SOURCE_POLICY["cpu"], SOURCE_POLICY["cuda"]
-from_header = header_policy(policy)  # None where this torch build ships no C++ headers
-if from_header is not None:
-    assert from_header == {op: NO_RULE if rule == BANNED else rule
-                           for op, rule in cuda_rules.items()}, from_header
-    print("the cuda/xpu source column matches the installed torch's autocast_mode.h")
-cuda_fp32 = ["exp", "log", "pow", "sum", "cumsum", "softmax", "layer_norm"]
-assert all(cpu_rules[op] == NO_RULE and cuda_rules[op] in (FP32, FP32_OUT) for op in cuda_fp32)
-promote = {dev: {op for op, rule in rules.items() if rule == PROMOTE}
-           for dev, rules in SOURCE_POLICY.items()}
-assert promote["cpu"] == {"cat", "stack", "index_copy"} and not promote["cpu"] & promote["cuda"]
-assert {"addcmul", "dot", "index_put", "scatter_add"} <= promote["cuda"]
-assert (cpu_rules["binary_cross_entropy"], cuda_rules["binary_cross_entropy"]) == (FP32, BANNED)
-for op in cuda_fp32:
-    print(f"{op:>10}: measured here ({info.type}): {verdict[op]:<20} "
-          f"source: cpu {cpu_rules[op]}, cuda {cuda_rules[op]}")
+fp16, bf16 = rules["fp16"], rules["bf16"]
+assert fp16.equals(bf16), "fp16 and bf16 follow different rules"
+for device_type, label in DEVICES.items():
+    assert bf16[label].to_dict() == SOURCE_POLICY[device_type], label  # typed from the source
+    # (SOURCE_POLICY's xpu column is its cuda column: XPU registers CUDA's lists)
+    registered = registered_ops(probes[("bf16", label)], device_type)
+    if registered is not None:  # this torch has an autocast kernel exactly for the listed ops
+        assert registered == {op: rule != NO_RULE for op, rule in bf16[label].items()}, label
+cpu, cuda, mps = bf16["cpu"], bf16["cuda/rocm"], bf16["mps"]
+from_header = header_policy(probes[("bf16", "cuda/rocm")])  # None without the C++ headers
+if from_header is not None:  # the ban on binary_cross_entropy is in autocast_mode.cpp
+    assert {**from_header, "binary_cross_entropy": BANNED} == cuda.to_dict()
+cuda_fp32 = ["exp", "log", "pow", "sum", "cumsum", "softmax", "layer_norm", "group_norm"]
+assert (cpu[cuda_fp32] == NO_RULE).all() and cuda[cuda_fp32].isin([FP32, FP32_OUT]).all()
+promote = {label: set(column[column == PROMOTE].index) for label, column in bf16.items()}
+assert promote["cpu"] == {"cat", "stack", "index_copy"} and not promote["cpu"] & promote["mps"]
+assert {"addcmul", "dot", "index_put", "scatter_add"} <= promote["cuda/rocm"] == promote["mps"]
+bce = bf16.loc["binary_cross_entropy"]
+assert (bce["cpu"], bce["cuda/rocm"], bce["xpu"], bce["mps"]) == (FP32, BANNED, BANNED, NO_RULE)
+assert mps["batch_norm"] == FP32 and cpu["batch_norm"] == cuda["batch_norm"] == NO_RULE
+assert (mps[["sum", "softmax"]] == FP32).all() and (cuda[["sum", "softmax"]] == FP32_OUT).all()
+given = [r.cases["low, dtype=low"] for r in probes[("bf16", "mps")] if r.op in ("sum", "softmax")]
+assert len(given) == 2 and all(c.on.dtype == torch.bfloat16  # your dtype out, after autocast
+                               and c.added_casts[(torch.bfloat16, torch.float32)] for c in given)
+differ = bf16[bf16.nunique(axis=1) > 1].index
+print(f"{len(differ)} of {len(bf16)} probed ops follow different rules on different devices")
 
 # %% [markdown]
 # ## 4. Only the forward pass and the loss go inside autocast
@@ -329,7 +343,8 @@ assert grad_dtypes == {torch.float32}  # gradients land on the fp32 weights, in 
 # - `torch.autocast(device_type, dtype)` lowers the ops on its lower-precision list, runs the ops
 #   on its float32 lists in fp32, and never changes your weights' dtype. Ops on no list keep
 #   ordinary type promotion.
-# - The lists depend on the device (CPU and CUDA differ a lot): probe them, comparing autocast on
-#   and off, rather than trusting a table written for another device.
+# - The lists depend on the device (CPU and CUDA differ a lot, MPS keeps batch_norm in fp32): probe
+#   them, comparing autocast on and off, rather than trusting a table written for another device.
+#   Fake tensors probe a device you do not have, through the same dispatcher.
 # - Wrap the forward pass and loss only. Next, **lesson 02** shows why fp16 gradients vanish and how
 #   `torch.amp.GradScaler` rescues them; **lesson 03** trains a real model both ways.

@@ -7,6 +7,7 @@ import weakref
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from amp_tutorial import measure
 from amp_tutorial.measure import (
@@ -141,6 +142,17 @@ def test_saved_activation_bytes_counts_what_backward_needs():
     x = torch.rand(1000, requires_grad=True)
     # exp saves its output (1000 fp32 = 4000 bytes); sum saves nothing
     assert saved_activation_bytes(lambda: x.exp().sum()) == 4000
+
+
+def test_saved_activation_bytes_counts_each_storage_once_by_identity():
+    """A view saved twice counts once; fake tensors (all at data address 0) count apart."""
+    x = torch.rand(1000, requires_grad=True)
+    y = x.exp()
+    assert saved_activation_bytes(lambda: (y[:10] * y[10:20]).sum()) == 4000  # one storage
+    with FakeTensorMode():
+        a = torch.empty(1000, requires_grad=True)
+        b = torch.empty(1000, requires_grad=True)
+        assert saved_activation_bytes(lambda: (a.exp() + b.exp()).sum()) == 8000
 
 
 def test_saved_activation_bytes_halves_under_bf16_autocast():

@@ -1,18 +1,31 @@
-"""The policy probe names autocast's own decisions and never mistakes type promotion for one."""
+"""The policy probe names autocast's own decisions and never mistakes type promotion for one,
+on this device and on fake tensors of the others."""
+
+from functools import cache, partial
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from amp_tutorial import policy
+from amp_tutorial.data import make_problem
+from amp_tutorial.measure import saved_activation_bytes
+from amp_tutorial.models import ConvModel
 from amp_tutorial.policy import (
     BANNED,
+    FAKE_TENSORS,
     FP32,
     FP32_OUT,
+    HAS_RULE,
     LOWERED,
     NO_RULE,
     PROMOTE,
+    REAL_DEVICE,
+    REGISTRY,
     SOURCE_POLICY,
     Case,
     Outcome,
+    _Op,
     _verdict,
     autocast_policy,
     header_policy,
@@ -20,11 +33,18 @@ from amp_tutorial.policy import (
     ops_by_rule,
     policy_table,
     registered_ops,
+    saved_activation_bytes_on,
     trace_dtypes,
     visible_promotions,
 )
 
-BF16, FP32_T = torch.bfloat16, torch.float32
+BF16, FP16, FP32_T = torch.bfloat16, torch.float16, torch.float32
+LOW = [pytest.param(BF16, id="bf16"), pytest.param(FP16, id="fp16")]
+
+
+@cache
+def _probe(device_type: str, low: torch.dtype, how: str = "auto") -> dict[str, policy.OpPolicy]:
+    return {r.op: r for r in autocast_policy(device_type, low, how=how)}
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +115,7 @@ def test_measured_cpu_policy_matches_the_source_lists(cpu_rows):
     assert groups[FP32_OUT] == [] and groups[BANNED] == []  # CPU has neither list
 
 
-@pytest.mark.parametrize("device_type", ["cpu", "cuda", "xpu"])
+@pytest.mark.parametrize("device_type", ["cpu", "cuda", "xpu", "mps"])
 def test_source_lists_match_this_torch_builds_registrations(cpu_rows, device_type):
     """An op has an Autocast<device> kernel in the installed torch iff the source lists it."""
     registered = registered_ops(list(cpu_rows.values()), device_type)
@@ -190,3 +210,135 @@ def test_mps_lists_differ_where_lessons_04_and_07_say():
               for dev in ("CPU", "CUDA", "XPU", "MPS")}
     assert listed == {"CPU": (False, True), "CUDA": (False, True), "XPU": (False, True),
                       "MPS": (True, False)}
+
+
+@pytest.mark.parametrize("low", LOW)
+def test_fake_cpu_probe_matches_the_real_cpu_probe(low):
+    """FakeTensorMode goes through the same autocast kernels: the same rules and casts, and the
+    same output dtype wherever the real call runs. Only meta kernels are laxer: some mixed-dtype
+    calls that the real CPU kernel rejects (matmul, index_copy, ...) run on fake tensors."""
+    real, fake = _probe("cpu", low), _probe("cpu", low, FAKE_TENSORS)
+    assert {r.how for r in real.values()} == {REAL_DEVICE}
+    assert {r.how for r in fake.values()} == {FAKE_TENSORS}
+    assert {op: r.verdict for op, r in fake.items()} == {op: r.verdict for op, r in real.items()}
+    laxer = set()
+    for op, row in real.items():
+        for case, measured in row.cases.items():
+            faked = fake[op].cases[case]
+            assert faked.added_casts == measured.added_casts, (op, case)
+            for on in (False, True):
+                ran, ran_fake = (measured.on, faked.on) if on else (measured.off, faked.off)
+                assert ran_fake.casts == ran.casts, (op, case, on)
+                if ran.error is None:
+                    assert (ran_fake.error, ran_fake.dtype) == (None, ran.dtype), (op, case, on)
+                elif ran_fake.error is None:
+                    laxer.add((op, case))
+    assert laxer and {case for _, case in laxer} == {"mixed"}
+
+
+@pytest.mark.parametrize("low", LOW)
+@pytest.mark.parametrize("device_type", ["cuda", "xpu", "mps"])
+def test_fake_gpu_probes_match_the_source_lists(device_type, low):
+    """Every op of the list runs on fake CUDA, XPU and MPS tensors, with the rule the source
+    registers for that device, for fp16 and bf16 alike."""
+    rows = _probe(device_type, low, FAKE_TENSORS)
+    assert {r.how for r in rows.values()} == {FAKE_TENSORS}
+    assert {op: r.verdict for op, r in rows.items()} == SOURCE_POLICY[device_type]
+    auto = autocast_policy(device_type, low)  # "auto": real where the device is here
+    here = device_type in policy.available_devices()
+    assert {r.how for r in auto} == {REAL_DEVICE if here else FAKE_TENSORS}
+
+
+@pytest.mark.parametrize("low", LOW)
+def test_fake_cuda_probe_matches_the_installed_header(low):
+    """The fake-CUDA rules are autocast_mode.h's AT_FORALL_* lists, plus the ban on
+    binary_cross_entropy that autocast_mode.cpp registers."""
+    _header_or_skip()
+    rows = _probe("cuda", low, FAKE_TENSORS)
+    listed = header_policy(list(rows.values()))
+    assert {op: r.verdict for op, r in rows.items()} == {
+        **listed, "binary_cross_entropy": BANNED}
+    assert "unsafe to autocast" in rows["binary_cross_entropy"].cases["fp32"].on.error
+
+
+@pytest.mark.parametrize("low", LOW)
+def test_mps_keeps_batch_norm_in_fp32_where_the_others_have_no_rule(low):
+    bn = _probe("mps", low, FAKE_TENSORS)["batch_norm"].cases["low"]
+    assert (bn.off.dtype, bn.on.dtype) == (low, FP32_T) and bn.added_casts == {(low, FP32_T): 1}
+    for device_type in ("cpu", "cuda", "xpu"):
+        other = _probe(device_type, low, FAKE_TENSORS)["batch_norm"].cases["low"]
+        assert other.off.dtype == other.on.dtype == low and not other.added_casts, device_type
+    # MPS's sums and softmax are plain fp32: an explicit dtype= still gets its input cast up
+    given = _probe("mps", low, FAKE_TENSORS)["softmax"].cases["low, dtype=low"]
+    assert given.on.dtype == low and given.added_casts[(low, FP32_T)] == 1
+
+
+def test_an_op_that_cannot_run_on_fake_tensors_is_read_from_the_registry(monkeypatch):
+    """BatchNorm in training with running statistics updates them with Tensor.copy_, which fails
+    on fake MPS and XPU tensors (no device guard here); then the registry answers."""
+    def bn_with_stats(a):
+        stats = torch.zeros(a.shape[0], device=a.device), torch.ones(a.shape[0], device=a.device)
+        return F.batch_norm(a.unsqueeze(0), *stats, training=True)
+
+    monkeypatch.setattr(policy, "_ops", lambda n: {"batch_norm": _Op("aten::batch_norm", 1,
+                                                                     bn_with_stats)})
+    found = {dev: autocast_policy(dev, FP16, how=FAKE_TENSORS)[0] for dev in ("cuda", "mps", "xpu")}
+    assert (found["cuda"].how, found["cuda"].verdict) == (FAKE_TENSORS, NO_RULE)  # it runs there
+    if not torch.backends.mps.is_built():
+        assert "not linked with support for mps" in found["mps"].cases["fp32"].off.error
+        assert (found["mps"].how, found["mps"].verdict) == (REGISTRY, HAS_RULE)
+        assert (found["xpu"].how, found["xpu"].verdict) == (REGISTRY, NO_RULE)
+
+
+def test_a_fake_probe_leaves_autocast_as_it_found_it():
+    before = {dev: (torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
+              for dev in ("cuda", "mps")}
+    autocast_policy("cuda", BF16, how=FAKE_TENSORS)
+    autocast_policy("mps", BF16, how=FAKE_TENSORS)
+    assert before == {dev: (torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
+                      for dev in ("cuda", "mps")}
+    with pytest.raises(ValueError, match="how must be"):
+        autocast_policy("cpu", BF16, how="registry")
+
+
+BUILD, BATCH = partial(ConvModel, 32, 1), partial(make_problem, 16)  # 2 BatchNorm layers
+
+
+def _real_cpu_bytes(low):
+    torch.manual_seed(0)
+    model, (inputs, targets) = BUILD(), BATCH("cpu")
+
+    def forward_and_loss():
+        with torch.autocast("cpu", dtype=low or BF16, enabled=low is not None):
+            F.mse_loss(model(inputs), targets)
+
+    return saved_activation_bytes(forward_and_loss)
+
+
+def test_saved_bytes_on_fake_cpu_match_the_real_count():
+    """Exact in fp32. Under autocast, CPU batch_norm's meta kernel returns its saved mean and
+    inverse std in the input's dtype where the real kernel keeps them in float32."""
+    assert saved_activation_bytes_on("cpu", BUILD, BATCH) == _real_cpu_bytes(None)
+    for low in (BF16, FP16):
+        missing = _real_cpu_bytes(low) - saved_activation_bytes_on("cpu", BUILD, BATCH, low)
+        bn_stats = sum(2 * m.num_features for m in BUILD().modules()
+                       if isinstance(m, torch.nn.BatchNorm2d))
+        assert missing == bn_stats * (4 - low.itemsize), low
+
+
+@pytest.mark.parametrize("low", LOW)
+def test_saved_bytes_on_fake_cuda_halve_under_autocast(low):
+    """The course's ConvModel on a 64 x 64 grid: fake tensors hold no data, so size is free."""
+    model, batch = ConvModel, partial(make_problem, 64)
+    fp32 = saved_activation_bytes_on("cuda", model, batch)
+    assert fp32 == saved_activation_bytes_on("cpu", model, batch)  # the same tensors in fp32
+    assert abs(saved_activation_bytes_on("cuda", model, batch, low) / fp32 - 0.5) < 0.01
+
+
+def test_saved_bytes_on_a_device_whose_fake_autograd_aborts_raise_instead():
+    """Autograd on a fake MPS tensor is a C++ terminate without MPS support in the build: the
+    helper finds that out in a child process and raises, so the caller survives."""
+    if torch.backends.mps.is_built():
+        pytest.skip("this torch has MPS support: autograd runs on fake MPS tensors")
+    with pytest.raises(RuntimeError, match="not linked with support for mps devices"):
+        saved_activation_bytes_on("mps", BUILD, BATCH, FP16)

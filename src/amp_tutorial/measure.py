@@ -256,21 +256,21 @@ def fresh_compile_cache() -> Iterator[str]:
 def saved_activation_bytes(fn: Callable[[], object]) -> int:
     """Bytes of the tensors autograd saves for backward while ``fn()`` runs (e.g. a forward + loss).
 
-    Storage shared by several saved tensors (a weight saved by two ops) is counted once.
+    Storage shared by several saved tensors (a weight saved by two ops) is counted once. Storages
+    are told apart by identity, not address, so fake tensors (which have no data) count too.
 
     Used in lessons 03, 08, 11, 13.
     """
-    seen: dict[tuple[int, int], int] = {}
+    seen: dict[int, tuple[torch.UntypedStorage, int]] = {}  # id -> (storage kept alive, bytes)
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        key = (storage.data_ptr(), tensor.device.index or 0)
-        seen[key] = max(seen.get(key, 0), storage.nbytes())
+        storage = tensor.untyped_storage()  # the same Python object for every view of it
+        seen[id(storage)] = (storage, storage.nbytes())
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
-    return sum(seen.values())
+    return sum(nbytes for _, nbytes in seen.values())
 
 
 def activation_output_bytes(model: torch.nn.Module, fn: Callable[[], object]) -> int:
