@@ -54,6 +54,7 @@ from amp_tutorial.measure import (
 )
 from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_bars, plot_image, plot_losses, plot_outputs
+from amp_tutorial.policy import has_autocast_kernel, saved_activation_bytes_on
 from amp_tutorial.presets import get_preset
 
 info = select_device()
@@ -282,7 +283,8 @@ for name, r in runs.items():
     assert torch.isfinite(torch.tensor(r["losses"])).all(), f"{name}: non-finite loss"
     if name != baseline_name:
         ratio = r["saved"] / base["saved"]
-        assert ratio <= 0.55, f"{name} saved {ratio:.2f} of fp32's activation bytes"
+        limit = 1.3 if info.type == "mps" else 0.55  # MPS keeps BatchNorm in fp32: section 4
+        assert ratio <= limit, f"{name} saved {ratio:.2f} of fp32's activation bytes"
         assert r["losses"][-1] < 2 * base["losses"][-1] + 0.01, f"{name} trained much worse"
 speedups = results["speedup (t_fp32 / t)"].drop(baseline_name)
 best, speedup = speedups.idxmax(), speedups.max()
@@ -319,13 +321,46 @@ predictions = {"target": targets, **{name: r["prediction"] for name, r in runs.i
 fig = plot_outputs(predictions, "Target and each run's prediction (same colour scale)")
 
 # %% [markdown]
+# ## 4. The same count under a GPU's autocast
+#
+# Which tensors autograd saves, and in which dtype, is autocast's decision, so it can be counted
+# for a GPU on any machine: the model and the image are built as **fake** CUDA tensors (shapes and
+# dtypes, no data) and run through PyTorch's own dispatcher with CUDA's autocast switched on
+# (`saved_activation_bytes_on`). **MPS differs**: its autocast keeps `batch_norm` in float32
+# (`KERNEL_MPS(batch_norm, fp32)` in `aten/src/ATen/autocast_mode.cpp`), so there BatchNorm saves
+# fp32 inputs next to the convolutions' 16-bit copies, and AMP saves *more* than fp32 for this
+# network (about 1.24x, estimated by emulating that rule on a CPU). Autograd cannot run on fake
+# MPS tensors in this torch build, so for MPS the dispatcher's registry is read instead.
+
+# %%
+def build_model():
+    torch.manual_seed(0)
+    return ConvModel(preset.hidden, preset.n_hidden_layers)
+
+
+def image_batch(device):
+    return torch.rand(1, 2, preset.grid, preset.grid), torch.rand(1, 1, preset.grid, preset.grid)
+
+
+fake_cuda = {dtype_name(d): saved_activation_bytes_on("cuda", build_model, image_batch, d)
+             for d in (None, torch.float16, torch.bfloat16)}
+print(f"saved for backward under CUDA's autocast (fake tensors, preset {preset.name}): "
+      + ", ".join(f"{k} {v / 2**20:.2f} MB" for k, v in fake_cuda.items()))
+for low in ("fp16", "bf16"):
+    assert abs(fake_cuda[low] / fake_cuda["fp32"] - 0.5) < 0.01  # halved on CUDA and ROCm
+has_rule = {d: has_autocast_kernel("aten::batch_norm", d) for d in ("cpu", "cuda", "xpu", "mps")}
+print(f"an autocast rule for batch_norm: {has_rule}")
+assert has_rule == {"cpu": False, "cuda": False, "xpu": False, "mps": True}
+
+# %% [markdown]
 # ## What to remember
 #
 # - AMP training is three changes: autocast around forward + loss, a GradScaler for fp16, and
 #   `scaler.step` / `scaler.update` instead of `optimizer.step`.
 # - Measure with warm-up, device synchronisation and per-step medians, and reset peak memory
 #   between runs; name the baseline (TF32 or strict fp32).
-# - AMP halves the activation memory on every device (asserted above). Time depends on the
+# - AMP halves the activation memory on CPU, CUDA/ROCm and XPU (asserted above, here and under
+#   CUDA's policy); on MPS, where BatchNorm stays fp32, this network saves more. Time depends on the
 #   hardware: measured at the `cpu` preset, bf16 trained 2.6x-3.6x faster than fp32 on 2-core
 #   CPUs with native bf16 (a Xeon with AMX, an EPYC with AVX512-BF16; README, "The benchmark"),
 #   and slower than fp32 on a CPU without it. Your run's numbers are in the table above.

@@ -332,13 +332,18 @@ def autocast_policy(device_type: str, low: torch.dtype, n: int = 8,
 
 def _from_registry(row: OpPolicy, device_type: str) -> OpPolicy:
     """A row whose op cannot run here at all: its rule is whether the registry lists a kernel."""
-    registered = _has_autocast_kernel(row.aten, device_type)
+    registered = has_autocast_kernel(row.aten, device_type)
     if registered is None:  # this torch cannot say: leave the row as probed (errors and all)
         return row
     return OpPolicy(row.op, row.aten, row.cases, HAS_RULE if registered else NO_RULE, REGISTRY)
 
 
-def _has_autocast_kernel(aten: str, device_type: str) -> bool | None:
+def has_autocast_kernel(aten: str, device_type: str) -> bool | None:
+    """Whether the dispatcher has an ``Autocast<device>`` kernel for ``aten`` (e.g.
+    ``"aten::batch_norm"``), i.e. a rule on that device; None where torch lacks the private API.
+
+    Used in lesson 03.
+    """
     has_kernel = getattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", None)
     if has_kernel is None:
         return None
@@ -353,7 +358,7 @@ def registered_ops(rows: list[OpPolicy], device_type: str) -> dict[str, bool] | 
 
     Used in lesson 01.
     """
-    found = {r.op: _has_autocast_kernel(r.aten, device_type) for r in rows}
+    found = {r.op: has_autocast_kernel(r.aten, device_type) for r in rows}
     return None if None in found.values() else found
 
 
@@ -552,7 +557,7 @@ def saved_activation_bytes_on(
     float32 for real). Raises RuntimeError where autograd cannot run on that fake device in this
     torch build (MPS and XPU in a CUDA or CPU build).
 
-    Used in no lesson yet: lesson 03 is to compare devices with it.
+    Used in lesson 03.
     """
     reason = _fake_autograd_error(device_type)
     if reason is not None:
