@@ -33,6 +33,7 @@
 # run starts from the same weights and sees the same batches.
 
 # %%
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
@@ -157,7 +158,10 @@ check_model = DecoderTransformer(config).to(info.device)
 check_step = make_sequence_train_step(
     check_model, torch.optim.AdamW(check_model.parameters(), lr=sizes.lr), train_batches)
 check_losses = [check_step(i) for i in range(2)]
-assert check_losses == runs[baseline]["losses"][:2], (check_losses, runs[baseline]["losses"][:2])
+assert check_losses[0] == runs[baseline]["losses"][0]  # the forward is deterministic
+# the second loss follows one backward: on CUDA, SDPA's backward may be nondeterministic (its docs)
+assert np.isclose(check_losses[1], runs[baseline]["losses"][1], rtol=0 if info.type == "cpu"
+                  else 1e-5, atol=0), (check_losses, runs[baseline]["losses"][:2])
 del check_model, check_step
 
 # %%
@@ -372,9 +376,13 @@ assert torch.isfinite(torch.tensor(-1e9, dtype=torch.bfloat16))
 # `F.scaled_dot_product_attention` chooses one of the `torch.nn.attention.SDPBackend` members at
 # run time (math, flash attention, memory-efficient, cuDNN, "overrideable" for extensions). On
 # **CPU** it tries a fused flash kernel for float32, float64, bfloat16 and float16, then math
-# (`aten/src/ATen/native/transformers/sdp_utils_cpp.cpp`). On **NVIDIA GPUs** flash needs float16 or
-# bfloat16 and compute capability 8.0 to 12.1 (`check_flash_attention_hardware_support` in
-# `cuda/sdp_utils.cpp`); otherwise SDPA falls back to the memory-efficient or math kernel. Two
+# (`aten/src/ATen/native/transformers/sdp_utils_cpp.cpp`). On **NVIDIA GPUs** it tries flash, then
+# memory-efficient, then math; flash needs float16 or bfloat16 and compute capability 8.0 to 12.1
+# (`check_flash_attention_hardware_support` in `cuda/sdp_utils.cpp`), memory-efficient also takes
+# float32. On H100 and B200 (sm90, sm100) with a cuDNN newer than 9.15, as PyTorch's CUDA 13
+# wheels bring, cuDNN attention is tried first (`check_prefer_cudnn_attention`;
+# `TORCH_CUDNN_SDPA_DEPRIORITIZED=1` restores the old order). On ROCm the fused kernels come from
+# AOTriton, per architecture; MPS has no fused kernel for training. Two
 # checks: allow one backend with `sdpa_kernel(...)` and see it run or raise ("No viable
 # backend"), and read the kernel's op name in the profiler.
 
