@@ -148,7 +148,8 @@ print(f"checkpoint: step {extra['step']}, written by rank 0 of {extra['world_siz
 # On a machine with several GPUs, run the same script with one process per GPU:
 # `torchrun --standalone --nproc-per-node $(nvidia-smi -L | wc -l) -m amp_tutorial.ddp`
 # (on ROCm count with `rocm-smi`, or set the number yourself). Each process then uses
-# `cuda:LOCAL_RANK`, NCCL/RCCL, fp16 autocast with its own GradScaler, and SyncBatchNorm.
+# `cuda:LOCAL_RANK`, NCCL/RCCL, fp16 autocast with its own GradScaler, and SyncBatchNorm. On
+# Intel GPUs (`--device xpu`) it uses XCCL and the device's first AMP dtype (bf16 where native).
 #
 # ## What to remember
 #

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
-from amp_tutorial.attention import attention_cost, attention_ops, backend_runs
+from amp_tutorial.attention import attention_cost, attention_ops, backend_runs, fused_for_training
 from amp_tutorial.bench import make_transformer_problem
 from amp_tutorial.device import describe_device, dtype_name, fp32_baseline, select_device
 from amp_tutorial.measure import (
@@ -181,7 +181,10 @@ results.round(3)
 # %% [markdown]
 # Checked on every device: each run learns the task (at least the preset's accuracy on sequences
 # it never saw), AMP keeps at most 0.6 of fp32's saved-activation bytes, and its accuracy is within
-# one point of fp32's. Time is reported, not asserted: `smoke` and `cpu` are too small for bf16 to
+# one point of fp32's. The 0.6 holds where attention trains in a fused kernel; where SDPA falls
+# back to its math kernel for training (MPS, which has no fused kernel; ROCm GPUs without
+# AOTriton's), attention runs and saves in float32 even under autocast (section 3), and the bound
+# is 0.85. Time is reported, not asserted: `smoke` and `cpu` are too small for bf16 to
 # win, and the benchmark measures speed. On a CPU, bf16 is fast only with native bf16 instructions
 # (AVX512-BF16 or AMX). Without them there are two cases. With AVX512 (bw, vl, dq), oneDNN still
 # runs bf16 matmuls, converting to fp32 as it goes. With AVX2 only (many laptops), oneDNN's bf16
@@ -193,11 +196,16 @@ results.round(3)
 # flags (`info.native_bf16`) and whether oneDNN's bf16 kernels run (`info.notes`).
 
 # %%
+qkv_shape = (sizes.batch, config.n_heads, sizes.seq_len, config.d_model // config.n_heads)
+fused = {f"AMP {dtype_name(d)}": fused_for_training(qkv_shape, d, info.device)
+         for d in info.amp_dtypes}  # False where SDPA trains in its math fallback
+print(f"attention trains in a fused kernel: {fused}")
 for name, r in runs.items():
     assert r["accuracy"] >= sizes.accuracy_target, f"{name}: accuracy {r['accuracy']:.3f}"
     assert all(torch.isfinite(torch.tensor(r["losses"]))), f"{name}: non-finite loss"
     if name != baseline:
-        assert r["saved"] / base["saved"] <= 0.6, f"{name}: {r['saved'] / base['saved']:.2f}"
+        limit = 0.6 if fused[name] else 0.85
+        assert r["saved"] / base["saved"] <= limit, f"{name}: {r['saved'] / base['saved']:.2f}"
         assert abs(r["accuracy"] - base["accuracy"]) <= 0.01, f"{name} vs {baseline} accuracy"
         if r["peak"] is not None:
             assert r["peak"] < base["peak"], f"{name}: allocator peak not below fp32"
@@ -265,7 +273,10 @@ trace
 # %%
 assert any(t.op == "addmm" and t.output == low for t in block_ops), "linear not lowered"
 sdpa = [t for t in block_ops if "scaled_dot_product" in t.op]
-assert sdpa and all(t.output == low for t in sdpa), sdpa
+if fused[f"AMP {low}"]:
+    assert sdpa and all(t.output == low for t in sdpa), sdpa
+else:  # the math fallback decomposes into casts, bmm and softmax, in float32 (section 3)
+    assert [t.output for t in block_ops if t.op == "bmm"] == ["fp32", "fp32"], block_ops
 assert any(t.op == "_to_copy" and t.inputs == ("fp32",) and t.output == low
            for t in block_ops), "no cast of the weights to the low dtype"
 norms = [t for t in block_ops if "layer_norm" in t.op]
@@ -298,7 +309,7 @@ elif info.type == "cuda":  # CUDA: layer_norm is a float32 op, softmax float32 u
 # about one bf16 rounding (2^-8): they accumulate in float32 internally.
 
 # %%
-wide = (torch.randn(64, 256, device=info.device) * 30).bfloat16()
+wide = (torch.randn(64, 256) * 30).bfloat16()  # on the CPU: its kernels are the ones described
 for name, fn in {"softmax": lambda t: t.softmax(-1),
                  "layer_norm": lambda t: F.layer_norm(t, (256,))}.items():
     exact = fn(wide.float())
@@ -388,7 +399,6 @@ assert torch.isfinite(torch.tensor(-1e9, dtype=torch.bfloat16))
 
 # %%
 heads, head_dim = config.n_heads, config.d_model // config.n_heads
-qkv_shape = (sizes.batch, heads, sizes.seq_len, head_dim)
 dtypes = [torch.float32, *info.amp_dtypes]
 backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
             SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
@@ -438,25 +448,32 @@ for dt in dtypes:
           f"its time")
     element = torch.finfo(dt).bits // 8
     assert math["saved for backward (MB)"] * 2**20 >= score_elements * element  # the matrix
-    if sizes.seq_len > 2 * head_dim:  # then the score matrix outweighs what the fused kernel keeps
+    default_fused = fused.get(f"AMP {d}") if dt != torch.float32 else fused_for_training(
+        qkv_shape, dt, info.device)
+    if sizes.seq_len > 2 * head_dim and default_fused:  # the score matrix outweighs the rest
         assert saved_x > 1, f"{d}: math did not keep more than the fused kernel"
 
 # %% [markdown]
 # The score matrix grows with seq², what a fused kernel keeps (q, k, v, output, one log-sum-exp
 # per row) with seq x head_dim: the gap widens with longer sequences (at `smoke`, sequence 16 and
-# head dimension 32, the fused kernel even keeps more). The trace below shows, on every device,
-# that the math backend computes low-precision attention in **float32**: it casts q, k and v up,
+# head dimension 32, the fused kernel even keeps more; where the default *is* math, the two are the
+# same). The trace below shows that the math backend computes low-precision attention in
+# **float32**: it casts q, k and v up,
 # runs matmuls and softmax in float32 and casts the result back, losing AMP's speed *and* memory
 # saving (`_scaled_dot_product_attention_math` in `aten/src/ATen/native/transformers/attention.cpp`)
 # unless `torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)` allows fp16/bf16 (a beta
-# flag that, despite its module, applies on every device).
+# flag that, despite its module, applies on every device). MPS is the exception for inference:
+# where no input needs a gradient, its math case calls its own Metal kernel,
+# `_scaled_dot_product_attention_math_for_mps`, which stays in the input dtype (`attention.cpp`).
 
 # %%
 q, k, v = (torch.randn(qkv_shape, device=info.device, dtype=amp_dtype) for _ in range(3))
 with sdpa_kernel(SDPBackend.MATH):
     math_ops = trace_dtypes(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
 print([f"{t.op}->{t.output}" for t in math_ops])
-if not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed():  # the default
+if info.type == "mps":  # no gradient: MPS's own kernel, in the input dtype
+    assert any("math_for_mps" in t.op and t.output == low for t in math_ops), math_ops
+elif not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed():  # the default
     assert [t.output for t in math_ops if t.op == "bmm"] == ["fp32", "fp32"]
     assert math_ops[-1].op == "_to_copy" and math_ops[-1].output == low
 

@@ -232,8 +232,9 @@ else:
 # inputs, and under it the op that computes (`convolution`, `addmm`, `mm`, the attention kernel),
 # all in low precision. The optimizer's ops, found under the profiler's `Optimizer.step#Adam.step`
 # range, work on the fp32 weights, gradients and moving averages: on the CPU Adam's default
-# single-tensor path calls `lerp_`, `addcmul_` and `addcdiv_` per weight, with fp32 inputs. On
-# CUDA its default `foreach` path calls `_foreach_lerp_` and friends on whole tensor lists, which
+# single-tensor path calls `lerp_`, `addcmul_` and `addcdiv_` per weight, with fp32 inputs (MPS
+# takes the same path). On CUDA and XPU its default `foreach` path calls `_foreach_lerp_` and
+# friends on whole tensor lists (`_get_foreach_kernels_supported_devices`), which
 # the profiler records without dtypes, so there the cell reads the state's dtype instead. On GPUs
 # the profiler also records the kernels, which the second table lists.
 

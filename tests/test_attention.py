@@ -2,11 +2,17 @@
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from amp_tutorial.attention import attention_cost, attention_ops, backend_runs
+from amp_tutorial.attention import (
+    attention_cost,
+    attention_ops,
+    backend_runs,
+    fused_for_training,
+)
 
 Q = torch.randn(1, 2, 8, 4)
 
@@ -38,3 +44,11 @@ def test_attention_cost_math_keeps_the_score_matrix():
     assert slow["saved for backward (MB)"] * 2**20 >= score_bytes
     assert slow["saved for backward (MB)"] > fused["saved for backward (MB)"] > 0
     assert fused["time fwd+bwd median (ms)"] > 0 and math.isnan(fused["peak (MB)"])  # CPU: no peak
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_for_training_tells_the_math_fallback_apart(dtype):
+    shape = (2, 2, 16, 8)
+    assert fused_for_training(shape, dtype, "cpu")  # the CPU's flash kernel trains
+    with sdpa_kernel(SDPBackend.MATH):  # the fallback a device without fused kernels takes
+        assert not fused_for_training(shape, dtype, "cpu")

@@ -39,6 +39,24 @@ def attention_ops(fn: Callable[[], object]) -> list[str]:
     return sorted({e.key for e in prof.key_averages() if "attention" in e.key})
 
 
+def fused_for_training(shape: tuple[int, int, int, int], dtype: torch.dtype,
+                       device: torch.device | str) -> bool:
+    """True if SDPA picks a fused kernel, not the math fallback, for a causal ``(batch, heads,
+    seq, head_dim)`` attention whose inputs need gradients, as in training.
+
+    MPS has no fused kernel; ROCm's come from AOTriton only on some architectures. The math
+    fallback computes 16-bit attention in float32 and saves the score matrix, so what AMP saves
+    depends on the answer.
+
+    Used in lesson 11.
+    """
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+               for _ in range(3))
+    ran = attention_ops(lambda: torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True).sum().backward())
+    return not any("attention_math" in op for op in ran)
+
+
 def backend_runs(backend: SDPBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  is_causal: bool = True) -> bool:
     """True if SDPA runs with only ``backend`` allowed; False if it raises "no viable backend".

@@ -251,7 +251,7 @@ def train(args: argparse.Namespace) -> Summary:
             scaler.step(optimizer)
             scaler.update()
             mean_loss = loss.detach().float()
-            dist.all_reduce(mean_loss)  # sum over ranks (AVG is NCCL-only)
+            dist.all_reduce(mean_loss)  # sum over ranks, divided below (any backend, any torch)
             # Every rank sees the same mean, so all stop together instead of leaving peers hanging.
             value = check_finite_loss(mean_loss / world_size, step)
             summary.losses.append(value)
