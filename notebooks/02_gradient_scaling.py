@@ -385,7 +385,6 @@ assert np.isclose(spike_shrink, CLIP_SCALE / 10, rtol=1e-2)
 # %%
 CLIP_STEPS = min(max(preset.steps // 2, 6), 64)
 torch.backends.cudnn.deterministic = True  # GPU runs compared bit for bit below: no racing kernels
-torch.backends.cudnn.benchmark = False
 spike_norm = 10 * true_norm
 adam_runs = {order: train_clipped(torch.optim.Adam, order, spike_norm, CLIP_STEPS)
              for order in ORDERS}

@@ -348,6 +348,8 @@ print(f"saved for backward under CUDA's autocast (fake tensors, preset {preset.n
       + ", ".join(f"{k} {v / 2**20:.2f} MB" for k, v in fake_cuda.items()))
 for low in ("fp16", "bf16"):
     assert 0.45 < fake_cuda[low] / fake_cuda["fp32"] <= 0.55  # halved on CUDA and ROCm too
+
+# %%
 has_rule = {d: has_autocast_kernel("aten::batch_norm", d) for d in ("cpu", "cuda", "xpu", "mps")}
 print(f"an autocast rule for batch_norm: {has_rule}")
 assert has_rule == {"cpu": False, "cuda": False, "xpu": False, "mps": True}

@@ -200,6 +200,8 @@ qkv_shape = (sizes.batch, config.n_heads, sizes.seq_len, config.d_model // confi
 fused = {f"AMP {dtype_name(d)}": fused_for_training(qkv_shape, d, info.device)
          for d in info.amp_dtypes}  # False where SDPA trains in its math fallback
 print(f"attention trains in a fused kernel: {fused}")
+
+# %%
 for name, r in runs.items():
     assert r["accuracy"] >= sizes.accuracy_target, f"{name}: accuracy {r['accuracy']:.3f}"
     assert all(torch.isfinite(torch.tensor(r["losses"]))), f"{name}: non-finite loss"
