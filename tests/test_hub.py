@@ -300,13 +300,19 @@ class Hub:
     def remove_all(self) -> None:
         """Learners' containers and volumes (the hub did not start them under compose), then
         the compose project with its volume, network and images."""
-        for kind in ("container", "volume"):
-            listed = run(["docker", kind, "ls", "--all" if kind == "container" else "--quiet",
-                          "--filter", f"name={self.prefix}-", "--format", "{{.Name}}"],
-                         check=False).stdout.split()
-            if listed:
+        for kind in ("container", "volume"):  # containers first: a volume in use stays
+            if listed := self.leftovers(kind):
                 run(["docker", kind, "rm", "--force", *listed], check=False)
         self.compose("down", "--volumes", "--rmi", "all", "--remove-orphans", check=False)
+        left = self.leftovers("container") + self.leftovers("volume")
+        assert not left, f"the hub test left these behind: {left}"
+
+    def leftovers(self, kind: str) -> list[str]:
+        """This test's learner containers or volumes that still exist."""
+        field = "{{.Names}}" if kind == "container" else "{{.Name}}"  # docker's names differ
+        listed = run(["docker", kind, "ls", *(["--all"] if kind == "container" else []),
+                      "--filter", f"name={self.prefix}-", "--format", field])
+        return listed.stdout.split()
 
 
 def wait_for(condition: Any, seconds: float, what: str) -> None:
