@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, dtype_name, select_device
 from amp_tutorial.models import ConvModel
-from amp_tutorial.policy import FP32, FP32_OUT, header_rules
+from amp_tutorial.policy import BANNED, FP32, FP32_OUT, NO_RULE, autocast_policy, header_rules
 from amp_tutorial.presets import get_preset
 
 info = select_device()
@@ -187,6 +187,18 @@ print(f"binary_cross_entropy_with_logits under autocast: {bce_logits.item():.4f}
       f"({bce_logits.dtype})")
 assert bce_logits.dtype == torch.float32 and bce_logits.isfinite()
 bce_logits.backward()  # and it trains
+
+# %% [markdown]
+# The same call on every device, whichever one this runs on: lesson 01's probe runs it on fake
+# tensors of each device through PyTorch's own dispatcher, with that device's autocast on.
+
+# %%
+bce_rules = {dev: {r.op: r for r in autocast_policy(dev, torch.float16)}["binary_cross_entropy"]
+             for dev in ("cpu", "cuda", "xpu", "mps")}
+print({dev: f"{r.verdict} ({r.how})" for dev, r in bce_rules.items()})
+assert {dev: r.verdict for dev, r in bce_rules.items()} == {
+    "cpu": FP32, "cuda": BANNED, "xpu": BANNED, "mps": NO_RULE}
+assert "unsafe to autocast" in bce_rules["cuda"].cases["fp32"].on.error  # the refusal's text
 
 # The underlying problem: a confident wrong prediction, logit 12, true label 0.
 logit, label = torch.tensor([12.0]), torch.tensor([0.0])

@@ -302,8 +302,11 @@ if info.type in SOURCE_POLICY:  # what PyTorch's autocast_mode.cpp/.h list for t
         assert policy[op].verdict == SOURCE_POLICY[info.type][op], op
 if info.type == "cpu":  # on no CPU list: a bf16 input stays bf16
     assert policy["layer_norm"].verdict == policy["softmax"].verdict == NO_RULE
-elif info.type == "cuda":  # CUDA: layer_norm is a float32 op, softmax float32 unless dtype= given
-    assert policy["layer_norm"].verdict == FP32 and policy["softmax"].verdict == FP32_OUT
+cuda = {p.op: p for p in autocast_policy("cuda", amp_dtype)}  # fake CUDA tensors off a GPU
+print(f"cuda ({cuda['layer_norm'].how}): layer_norm {cuda['layer_norm'].verdict}, "
+      f"softmax {cuda['softmax'].verdict}")
+# CUDA (and ROCm): layer_norm is a float32 op, softmax float32 unless a dtype= is given
+assert cuda["layer_norm"].verdict == FP32 and cuda["softmax"].verdict == FP32_OUT
 
 # %% [markdown]
 # On CPU a bf16 layer norm or softmax is no float16 accident waiting to happen: bf16 has float32's
