@@ -412,7 +412,8 @@ def set_strict_fp32(strict: bool = True) -> None:
     Uses ``torch.backends.cudnn.conv.fp32_precision`` / ``torch.backends.cuda.matmul
     .fp32_precision`` where torch has them (mixing them with ``allow_tf32`` raises), else
     ``allow_tf32``. Not strict restores the values a fresh process starts with: ``"tf32"`` for
-    cuDNN convolutions and ``"none"`` (inherit the generic setting, which is ieee) for matmuls.
+    cuDNN convolutions and ``"none"`` for matmuls (inherit the generic
+    ``torch.backends.fp32_precision``, itself ``"none"``: matmuls then run in full fp32, ieee).
 
     Used in lessons 03, 13.
     """
