@@ -115,10 +115,39 @@ def run_all(page: Page, panel: Locator, lab: LabServer, path: str, kernel: str,
     expect(panel.locator(".jp-Notebook-ExecutionIndicator")).to_have_attribute(
         "data-status", "idle")
     expect(panel.locator(".jp-CodeCell")).to_have_count(n_code_cells)
-    page.locator(".lm-MenuBar-itemLabel").get_by_text("Run", exact=True).click()
-    page.locator(".lm-Menu-itemLabel").get_by_text("Run All Cells", exact=True).click()
+    click_run_all(page)
+    if not run_started(panel, lab, path):
+        # Seen once in CI (lesson 03): every cell queued at [*] while the kernel, connected to the
+        # browser, stayed idle for 5 minutes: the execute requests never reached it. The run is
+        # asked for once more; a second loss fails the test below as before.
+        print(f"{path}: Run All reached no kernel within {RUN_START_S} s; clicking it again")
+        click_run_all(page)
     page.wait_for_function(RUN_FINISHED_JS, arg=panel.element_handle(), timeout=RUN_ALL_TIMEOUT_MS,
                            polling=500)
+
+
+RUN_START_S = 30  # the first cell (imports) takes about 5 s here
+FIRST_PROMPT_JS = """(panel) => panel.querySelector(".jp-CodeCell .jp-InputArea-prompt")
+  ?.textContent.trim() ?? "" """
+
+
+def click_run_all(page: Page) -> None:
+    page.locator(".lm-MenuBar-itemLabel").get_by_text("Run", exact=True).click()
+    page.locator(".lm-Menu-itemLabel").get_by_text("Run All Cells", exact=True).click()
+
+
+def run_started(panel: Locator, lab: LabServer, path: str) -> bool:
+    """True once the kernel shows it got the run: busy, or the first cell numbered."""
+    deadline = time.monotonic() + RUN_START_S
+    while time.monotonic() < deadline:
+        if re.fullmatch(r"\[\d+\]:", panel.evaluate(FIRST_PROMPT_JS)):
+            return True
+        _, sessions = lab.api("/api/sessions")
+        if any(s.get("path") == path and (s.get("kernel") or {}).get("execution_state") == "busy"
+               for s in sessions or []):
+            return True
+        time.sleep(0.25)
+    return False
 
 
 def save_screenshot(page: Page, panel: Locator, name: str) -> Path:
