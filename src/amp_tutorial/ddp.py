@@ -302,4 +302,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A Gloo rank still aborted during interpreter teardown now and then, after all its work
+    # ("terminate called without an active exception"); leaving without the teardown avoids it.
+    os._exit(code)
