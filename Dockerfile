@@ -48,7 +48,7 @@ RUN --mount=type=secret,id=ca-bundle \
 COPY docker/torchrun /opt/course/bin/torchrun
 # SHELL: JupyterLab's terminals start $SHELL (else sh); bash gives learners history and completion.
 # AMP_TUTORIAL_IN_CONTAINER: a GPU that is there but closed to the lab user is then reported with
-# the compose setting that fixes it (amp_tutorial.gpu_access).
+# the compose setting that fixes it (amp_tutorial.device.gpu_access_problem).
 ENV PATH=/opt/course/bin:$PATH \
     VIRTUAL_ENV=/opt/course \
     SHELL=/bin/bash \
@@ -84,6 +84,9 @@ COPY docker/start-singleuser.py /usr/local/bin/start-singleuser
 RUN install -d -o "${NB_UID}" -g "${NB_GID}" /home/learner/work
 # The lessons, so the image works on its own; compose bind-mounts the checkout's notebooks/ here.
 COPY --chown=${NB_UID}:${NB_GID} notebooks /home/learner/notebooks
+# The programs the lessons run (the DDP training script), beside the lessons: a lesson finds them
+# at ../scripts, in the image's notebooks/ and in a learner's work/ under the hub alike.
+COPY scripts /home/learner/scripts
 
 USER ${NB_UID}:${NB_GID}
 WORKDIR /home/learner/notebooks

@@ -9,7 +9,6 @@ teach. Notebooks run at the ``smoke`` preset unless AMP_TUTORIAL_PRESET is set.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from unittest import mock
 
@@ -17,14 +16,17 @@ import jupytext
 import nbval.plugin
 import pytest
 
-import amp_tutorial.solutions
 from amp_tutorial.device import DTYPE_ENV
+from course_tools import answers
+from course_tools.catalogue import is_lesson
 
-NOTEBOOK_NAME = re.compile(r"^\d\d_\w+\.py$")
+ROOT = Path(__file__).resolve().parent
+NOTEBOOKS = ROOT / "notebooks"
 
 
 def is_notebook(path: Path) -> bool:
-    return path.parent.name == "notebooks" and bool(NOTEBOOK_NAME.match(path.name))
+    """A lesson of this checkout's course folder (course_tools.catalogue says what a lesson is)."""
+    return path.resolve().parent == NOTEBOOKS and is_lesson(path)
 
 
 # mode -> AMP_TUTORIAL_DTYPE for the lesson's kernel (None: unset, the device's own order)
@@ -67,16 +69,16 @@ class JupytextNotebook(nbval.plugin.IPyNbFile):
 
 # --- exercises: run each exercise notebook with the reference solution in place ----------------
 # A learner's cell is marked `# %% tags=["exercise"] solution="NAME.py"`; the test run swaps in
-# solutions/NAME.py (amp_tutorial.solutions, shared with the handout), so the learner sees the stub
+# solutions/NAME.py (course_tools.answers, shared with the handout), so the learner sees the stub
 # while nbval checks the notebook with the answer.
-SOLUTIONS = Path(__file__).resolve().parent / "solutions"
+SOLUTIONS = ROOT / "solutions"
 
 
 def use_solutions(notebook) -> None:
     """Replace the source of every cell tagged ``exercise`` with the solution file it names."""
     try:
-        amp_tutorial.solutions.use_solutions(notebook, SOLUTIONS)
-    except amp_tutorial.solutions.MissingSolutionError as error:
+        answers.use_solutions(notebook, SOLUTIONS)
+    except answers.MissingSolutionError as error:
         raise pytest.UsageError(str(error)) from error
 # --- end exercises -------------------------------------------------------------------------------
 

@@ -15,8 +15,8 @@ import os
 import secrets
 import sys
 
-from amp_tutorial.gpu_access import gpu_access_problem
-from amp_tutorial.lab import lab_command
+from amp_tutorial.device import gpu_access_problem
+from course_tools.lab import lab_command
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from amp_tutorial.gpu_access import gpu_access_problem
+from amp_tutorial.device import gpu_access_problem
 
 COURSE = Path("/home/learner/notebooks")
 WORK = "/home/learner/work"  # the learner's volume (DockerSpawner) or home storage (Kubernetes)

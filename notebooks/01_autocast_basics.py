@@ -43,9 +43,7 @@ import math
 import pandas as pd
 import torch
 
-from amp_tutorial.device import describe_device, dtype_name, select_device
-from amp_tutorial.plots import plot_dtype_ranges
-from amp_tutorial.policy import (
+from amp_tutorial.autocast_policy import (
     BANNED,
     FP32,
     FP32_OUT,
@@ -60,6 +58,8 @@ from amp_tutorial.policy import (
     registered_ops,
     visible_promotions,
 )
+from amp_tutorial.device import describe_device, dtype_name, select_device
+from amp_tutorial.plots import plot_dtype_ranges
 
 torch.manual_seed(0)  # fixed seed: the numbers below are the same every run
 info = select_device()  # set AMP_TUTORIAL_DEVICE=cpu (or cuda, mps, xpu) to choose

@@ -36,6 +36,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from amp_tutorial.autocast_policy import has_autocast_kernel, saved_activation_bytes_on
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import (
     describe_device,
@@ -54,7 +55,6 @@ from amp_tutorial.measure import (
 )
 from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_bars, plot_image, plot_losses, plot_outputs
-from amp_tutorial.policy import has_autocast_kernel, saved_activation_bytes_on
 from amp_tutorial.presets import get_preset
 
 info = select_device()

@@ -53,7 +53,7 @@ from amp_tutorial.measure import (
 from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_bars, plot_outputs
 from amp_tutorial.presets import get_preset
-from amp_tutorial.training import make_train_step
+from amp_tutorial.steps import make_train_step
 
 info = select_device()
 preset = get_preset(device_type=info.type)

@@ -35,10 +35,17 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from amp_tutorial.autocast_policy import (
+    BANNED,
+    FP32,
+    FP32_OUT,
+    NO_RULE,
+    autocast_policy,
+    header_rules,
+)
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, dtype_name, select_device
 from amp_tutorial.models import ConvModel
-from amp_tutorial.policy import BANNED, FP32, FP32_OUT, NO_RULE, autocast_policy, header_rules
 from amp_tutorial.presets import get_preset
 
 info = select_device()

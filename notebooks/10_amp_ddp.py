@@ -29,7 +29,6 @@
 # the test suite; the last cell says how to run it on several GPUs.
 
 # %%
-import inspect
 import json
 import subprocess
 import sys
@@ -39,7 +38,6 @@ from pathlib import Path
 from IPython.display import Markdown, display
 
 from amp_tutorial.checkpoint import load_checkpoint, parameter_hash
-from amp_tutorial.ddp import main, train
 from amp_tutorial.device import describe_device, select_device
 from amp_tutorial.models import ConvModel
 from amp_tutorial.presets import get_preset
@@ -48,6 +46,8 @@ info = select_device()
 print(describe_device(info))
 scratch = tempfile.TemporaryDirectory(prefix="amp10_")  # removed when the kernel stops
 work_dir = Path(scratch.name)  # the DDP run writes its checkpoint and summary here
+SCRIPT = Path("../scripts/train_ddp.py").resolve()  # the course's programs sit beside notebooks/
+assert SCRIPT.is_file(), f"{SCRIPT} not found: open this lesson from the course's notebooks/ folder"
 
 # %% [markdown]
 # ## Several processes: DistributedDataParallel with AMP
@@ -72,44 +72,25 @@ work_dir = Path(scratch.name)  # the DDP run writes its checkpoint and summary h
 #   instead; PyTorch's SyncBatchNorm does not run on CPU, so there each process keeps its own
 #   batch statistics and DDP copies rank 0's running statistics to the others at each forward.
 #
-# `amp_tutorial.ddp` is such a training script for lesson 03's problem: the image's rows are
-# the dataset. `torchrun` starts the processes and tells each its rank:
+# [`scripts/train_ddp.py`](../scripts/train_ddp.py) is such a training script for lesson 03's
+# problem, written to be read top to bottom: settings, setup (this process's device, the process
+# group, the data), the training loop, and `main`. The image's rows are the dataset. `torchrun`
+# starts the processes and tells each its rank:
 #
 # ```
-# torchrun --standalone --nproc-per-node 4 -m amp_tutorial.ddp --checkpoint runs/ddp.pt
-# python -m amp_tutorial.ddp --preset smoke      # one process, no torchrun
+# torchrun --standalone --nproc-per-node 4 scripts/train_ddp.py --checkpoint runs/ddp.pt
+# python scripts/train_ddp.py --preset smoke      # one process, no torchrun
 # ```
 #
-# Every process runs `train` below, read from the script's source: per process a
+# Every process runs the script's `train`, shown below from the file: per process a
 # `DistributedSampler`, the model wrapped in `DistributedDataParallel` and one GradScaler, then
 # the loop with the AMP lines of lesson 03 unchanged, then every rank's parameter hash and rank 0's
 # files. `main` joins the process group around it and leaves it in a `finally`.
 
 # %%
-loop_source = inspect.getsource(train)
-main_source = inspect.getsource(main)
-display(Markdown(f"```python\n{loop_source}```"), Markdown(f"```python\n{main_source}```"))
-
-# The lines this section teaches are there, once each, in this order ...
-loop_lines = loop_source.splitlines()
-taught = ["torch.amp.GradScaler(", "for epoch in", "sampler.set_epoch(epoch)",
-          "with torch.autocast(", "scaler.scale(loss).backward()", "scaler.step(optimizer)",
-          "scaler.update()"]
-where = {text: [i for i, line in enumerate(loop_lines) if text in line] for text in taught}
-assert all(len(found) == 1 for found in where.values()), where
-assert [where[text][0] for text in taught] == sorted(where[text][0] for text in taught)
-
-
-def indent(text):
-    line = loop_lines[where[text][0]]
-    return len(line) - len(line.lstrip())
-
-
-# ... backward runs outside autocast (same indentation as the `with`), the scaler is made once
-# per process before the loop, and the process group is destroyed in a `finally`.
-assert indent("scaler.scale(loss).backward()") == indent("with torch.autocast(")
-assert indent("torch.amp.GradScaler(") <= indent("for epoch in")  # not inside the loop
-assert "finally:\n        dist.destroy_process_group()" in main_source
+source = SCRIPT.read_text()
+loop = source[source.index("def train("):source.index("\ndef main(")]
+display(Markdown(f"`scripts/{SCRIPT.name}`, its training loop:\n\n```python\n{loop}```"))
 
 # %% [markdown]
 # Below it runs with 2 CPU processes at the `smoke` preset (`torchrun` is
@@ -119,9 +100,9 @@ assert "finally:\n        dist.destroy_process_group()" in main_source
 # %%
 ddp_dir = work_dir / "ddp"
 command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "amp_tutorial.ddp", "--preset", "smoke", "--device", "cpu",
+           str(SCRIPT), "--preset", "smoke", "--device", "cpu",
            "--checkpoint", str(ddp_dir / "model.pt"), "--summary", str(ddp_dir / "summary.json")]
-print("$ torchrun", " ".join(command[3:]))
+print("$ torchrun", " ".join(command[3:]).replace(str(SCRIPT), "../scripts/train_ddp.py"))
 result = subprocess.run(command, capture_output=True, text=True, timeout=600)
 print(result.stdout)
 assert result.returncode == 0, result.stderr
@@ -146,7 +127,7 @@ print(f"checkpoint: step {extra['step']}, written by rank 0 of {extra['world_siz
 
 # %% [markdown]
 # On a machine with several GPUs, run the same script with one process per GPU:
-# `torchrun --standalone --nproc-per-node $(nvidia-smi -L | wc -l) -m amp_tutorial.ddp`
+# `torchrun --standalone --nproc-per-node $(nvidia-smi -L | wc -l) scripts/train_ddp.py`
 # (on ROCm count with `rocm-smi`, or set the number yourself). Each process then uses
 # `cuda:LOCAL_RANK`, NCCL/RCCL, fp16 autocast with its own GradScaler, and SyncBatchNorm. On
 # Intel GPUs (`--device xpu`) it uses XCCL and the device's first AMP dtype (bf16 where native).

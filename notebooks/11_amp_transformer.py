@@ -41,7 +41,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 from amp_tutorial.attention import attention_cost, attention_ops, backend_runs, fused_for_training
-from amp_tutorial.bench import make_transformer_problem
+from amp_tutorial.autocast_policy import (
+    FP32,
+    FP32_OUT,
+    NO_RULE,
+    SOURCE_POLICY,
+    autocast_policy,
+    trace_dtypes,
+)
 from amp_tutorial.device import describe_device, dtype_name, fp32_baseline, select_device
 from amp_tutorial.measure import (
     StepTimer,
@@ -51,17 +58,9 @@ from amp_tutorial.measure import (
     timing_columns,
 )
 from amp_tutorial.plots import plot_bars, plot_losses
-from amp_tutorial.policy import (
-    FP32,
-    FP32_OUT,
-    NO_RULE,
-    SOURCE_POLICY,
-    autocast_policy,
-    trace_dtypes,
-)
 from amp_tutorial.presets import get_preset
-from amp_tutorial.tasks import IGNORE_INDEX, sequence_loss
-from amp_tutorial.training import make_sequence_train_step, sequence_accuracy
+from amp_tutorial.reversal_task import IGNORE_INDEX, make_transformer_problem, sequence_loss
+from amp_tutorial.steps import make_sequence_train_step, sequence_accuracy
 from amp_tutorial.transformer import DecoderTransformer
 
 info = select_device()

@@ -40,9 +40,9 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 from tqdm.auto import tqdm
 
-from amp_tutorial.bench import course_models
 from amp_tutorial.device import describe_device, dtype_name, select_device
 from amp_tutorial.measure import StepTimer, fresh_compile_cache, time_steps
+from amp_tutorial.models import course_models
 from amp_tutorial.plots import plot_bars, plot_losses
 from amp_tutorial.presets import get_preset
 

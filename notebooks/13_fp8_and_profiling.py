@@ -40,7 +40,6 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from amp_tutorial.bench import course_models
 from amp_tutorial.device import (
     describe_device,
     dtype_name,
@@ -54,9 +53,10 @@ from amp_tutorial.measure import (
     optimizer_step_events,
     saved_activation_bytes,
 )
+from amp_tutorial.models import course_models
 from amp_tutorial.plots import plot_op_times
 from amp_tutorial.presets import get_preset
-from amp_tutorial.tasks import sequence_loss
+from amp_tutorial.reversal_task import sequence_loss
 
 info = select_device()
 preset = get_preset(device_type=info.type)

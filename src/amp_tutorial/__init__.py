@@ -1,20 +1,21 @@
-"""Helpers for the PyTorch AMP course: the plumbing the notebooks share, defined once and tested.
+"""Helpers for the PyTorch AMP course: what the lessons import, defined once and tested.
 
 The lessons themselves (autocast blocks, GradScaler calls, training loops) stay in the notebooks.
 One module per job:
 
-- ``device``, ``gpu_access``: which device and AMP dtypes, and why a GPU is not usable;
+- ``device``: which device and AMP dtypes, and why a GPU that is there is not usable;
 - ``presets``: problem sizes for a GPU, a laptop CPU and the test suite;
-- ``data``, ``models``, ``tasks``, ``transformer``: the two course problems and their models;
-- ``training``: the train and inference steps the benchmark times;
+- ``data``, ``models``, ``reversal_task``, ``transformer``: the two course problems and models;
+- ``steps``: one train or inference step, fp32 or AMP, with the scaler idiom the lessons teach;
 - ``measure``, ``gradients``: time, memory, saved activations, profiler dtypes, gradient norms;
-- ``policy``, ``attention``: autocast's op policy probed live, the dtypes ops ran in, SDPA kernels;
+- ``autocast_policy``, ``attention``: autocast's op policy per device, SDPA's kernels;
 - ``plots``: the shared figures;
-- ``checkpoint``, ``nonfinite``, ``ddp``: checkpoints with scaler state, inf/NaN hunting, DDP;
-- ``exercise``, ``quiz``, ``solutions``: the exercise checker, the quiz, the reference answers
-  swapped into exercise cells;
-- ``bench``, ``lab``, ``handout``: the ``pdm run bench``, ``pdm run lab`` and ``pdm run handout``
-  commands.
+- ``checkpoint``, ``nonfinite``: checkpoints with scaler state, inf/NaN hunting;
+- ``exercise``, ``quiz``: the exercise checker and the quiz.
+
+The course's own tools (the lab launcher, the handout, the lesson catalogue, swapping in answers)
+are the ``course_tools`` package; the programs people run (the benchmark, the DDP training
+script) are files in ``scripts/``. Neither is imported here or by a lesson.
 """
 
 from amp_tutorial.data import generate_grid, make_problem, quantized_sinusoid

@@ -1,4 +1,4 @@
-"""Which scaled-dot-product-attention kernel ran, read off the running device (lesson 11).
+"""Which scaled-dot-product-attention kernel ran, read off the running device.
 
 ``F.scaled_dot_product_attention`` picks a backend at run time (flash, memory-efficient, cuDNN,
 math) from the device, the dtype and the inputs. The profiler names the kernel that ran;
@@ -28,8 +28,6 @@ def attention_ops(fn: Callable[[], object]) -> list[str]:
 
     ``aten::scaled_dot_product_attention`` is the entry point; the op under it names the kernel,
     e.g. ``aten::_scaled_dot_product_flash_attention_for_cpu`` or ``..._attention_math``.
-
-    Used in lesson 11.
     """
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
@@ -47,8 +45,6 @@ def fused_for_training(shape: tuple[int, int, int, int], dtype: torch.dtype,
     MPS has no fused kernel; ROCm's come from AOTriton only on some architectures. The math
     fallback computes 16-bit attention in float32 and saves the score matrix, so what AMP saves
     depends on the answer.
-
-    Used in lesson 11.
     """
     q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
                for _ in range(3))
@@ -60,8 +56,6 @@ def fused_for_training(shape: tuple[int, int, int, int], dtype: torch.dtype,
 def backend_runs(backend: SDPBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  is_causal: bool = True) -> bool:
     """True if SDPA runs with only ``backend`` allowed; False if it raises "no viable backend".
-
-    Used in lesson 11.
     """
     try:
         with sdpa_kernel(backend):
@@ -79,8 +73,6 @@ def attention_cost(backend: SDPBackend | None, shape: tuple[int, int, int, int],
     Returns the median and IQR time (ms) of ``steps`` timed steps after one warm-up (device
     synchronised), the bytes autograd saves for backward (MB) and the allocator peak (MB; NaN
     where the device has no allocator statistics).
-
-    Used in lesson 11 (to price the math fallback).
     """
     q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
                for _ in range(3))

@@ -33,8 +33,6 @@ def save_checkpoint(
     """Write model, optimizer and scaler state (plus ``extra`` values, e.g. the step) to ``path``.
 
     Written to a temporary file and renamed, so an interrupted save never leaves a broken file.
-
-    Used in lesson 05; in lesson 10 through `amp_tutorial.ddp`.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -63,8 +61,6 @@ def load_checkpoint(
     The scaler is restored only when both sides have one (an enabled scaler and a saved scale): an
     fp32 or bf16 checkpoint leaves an fp16 run's scaler at its initial scale, and an fp16
     checkpoint's scale is ignored by a run without a scaler.
-
-    Used in lessons 05, 10.
     """
     state = torch.load(path, map_location=map_location, weights_only=True)
     if state.get("format_version") != FORMAT_VERSION:
@@ -87,8 +83,6 @@ def _unwrap(model: nn.Module) -> nn.Module:
 def parameter_hash(model: nn.Module) -> str:
     """SHA-256 of every parameter's name and bytes, in order: equal hashes mean bit-identical
     parameters (a DistributedDataParallel wrapper hashes like the model inside it).
-
-    Used in lesson 10 (and by `amp_tutorial.ddp`).
     """
     digest = hashlib.sha256()
     for name, param in _unwrap(model).named_parameters():

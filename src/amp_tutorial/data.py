@@ -11,8 +11,6 @@ N_BINS = 4
 
 def generate_grid(size: int) -> np.ndarray:
     """A (2, size, size) array of x and y coordinates, each scaled to [0, 1].
-
-    Used in lessons 02, 03, 04, 05, 06, 07, 08, 09, 12, 13 through `make_problem`.
     """
     if size < 2:
         raise ValueError(f"grid size must be at least 2, got {size}")
@@ -27,8 +25,6 @@ def quantized_sinusoid(
     """cos(2 pi fx x) + cos(2 pi fy y), cut into ``n_bins`` equal levels and scaled to [0, 1].
 
     The steps make the target discontinuous, which makes it harder to fit than a smooth wave.
-
-    Used in lessons 02, 03, 04, 05, 06, 07, 08, 09, 12, 13 through `make_problem`.
     """
     if n_bins < 2:
         raise ValueError(f"n_bins must be at least 2, got {n_bins}")
@@ -44,8 +40,6 @@ def make_problem(grid_size: int, device: torch.device | str = "cpu",
     """Inputs (1, 2, H, W) and targets (1, 1, H, W) as float32 tensors on ``device``.
 
     ``torch.channels_last`` stores them pixel by pixel (NHWC), the layout fast convolutions use.
-
-    Used in lessons 02, 03, 04, 05, 06, 07, 08, 09, 12, 13.
     """
     grid = generate_grid(grid_size)
     target = quantized_sinusoid(grid)

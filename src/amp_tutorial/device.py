@@ -10,18 +10,23 @@ capability 8.0+, AMD architectures with bf16 matrix instructions, Intel GPUs tha
 conversions); on MPS from torch 2.6 and macOS 14, after fp16. On the CPU it is always offered
 (it is CPU autocast's default dtype), native or not: ``native_bf16`` and the description say
 which, because an emulated bf16 runs, but usually slower than fp32.
+
+It also says why a GPU that is there is not usable: ROCm reaches an AMD GPU through
+``/dev/kfd`` and ``/dev/dri/renderD*``; a user outside their group gets "Permission denied", and
+torch then reports no GPU, so every lesson would run on the CPU without saying why. The device
+line and the container's entry points (``docker/start-lab.py``, ``docker/start-singleuser.py``)
+name the files and the fix (``gpu_access_problem``).
 """
 
 from __future__ import annotations
 
+import glob
 import inspect
 import os
 import platform
 from dataclasses import dataclass, field
 
 import torch
-
-from amp_tutorial.gpu_access import gpu_access_problem
 
 DEVICE_ENV = "AMP_TUTORIAL_DEVICE"
 DTYPE_ENV = "AMP_TUTORIAL_DTYPE"
@@ -31,8 +36,6 @@ KNOWN_DEVICE_TYPES = ("cuda", "mps", "xpu", "cpu")
 
 class DeviceNotAvailableError(RuntimeError):
     """Raised when the requested device does not exist on this machine.
-
-    Used in every lesson (01-13): `select_device` raises it.
     """
 
 
@@ -83,8 +86,6 @@ CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 def cpu_bf16_flags(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, ...] | None:
     """The bf16 instruction flags this CPU reports, or None where there is no cpuinfo to read.
-
-    Used in every lesson (01-13) through `select_device` (the device line).
     """
     try:
         with open(cpuinfo, encoding="utf-8") as fh:
@@ -106,8 +107,6 @@ def onednn_bf16() -> bool | None:
     falls back to ATen's reference gemm (``cpublas_gemm_impl`` in ``native/cpu/BlasKernel.cpp``),
     which is many times slower than fp32. PyTorch's own tests ask the same private op; None where
     this torch has no oneDNN or not the op.
-
-    Used in every lesson through `describe_device`'s notes; lesson 11 explains it.
     """
     if not torch.backends.mkldnn.is_available():
         return None
@@ -144,8 +143,6 @@ def rocm_bf16_native(arch: str) -> bool:
     """Whether an AMD GPU architecture (``gcnArchName``, e.g. ``gfx942:sramecc+:xnack-``) has bf16
     matrix instructions. ``torch.cuda.is_bf16_supported()`` returns True for every ROCm device,
     whatever its arguments (``torch/cuda/__init__.py``), so it cannot tell.
-
-    Used in every lesson through `select_device` (on ROCm).
     """
     return arch.split(":")[0].startswith(ROCM_BF16_ARCHS)
 
@@ -224,8 +221,6 @@ def _put_first(dtypes: tuple[torch.dtype, ...], device: torch.device,
 @dataclass(frozen=True)
 class DeviceInfo:
     """Everything the course needs to know about the device it runs on.
-
-    Used in every lesson (01-13): ``info = select_device()``.
     """
 
     device: torch.device
@@ -293,8 +288,6 @@ def _bf16_support(device: torch.device) -> tuple[bool | None, tuple[str, ...]]:
 
 def dtype_name(dtype: torch.dtype | None) -> str:
     """Short name used in tables and plots: fp32, fp16, bf16.
-
-    Used in lessons 01, 03, 04, 05, 06, 07, 08, 11, 12, 13.
     """
     names = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
     return names.get(dtype, str(dtype).replace("torch.", "")) if dtype is not None else "fp32"
@@ -305,8 +298,6 @@ def select_device(requested: str | None = None) -> DeviceInfo:
 
     Raises DeviceNotAvailableError with the available choices when the requested one is absent,
     and ValueError when ``AMP_TUTORIAL_DTYPE`` names a dtype the device does not offer.
-
-    Used in every lesson (01-13).
     """
     requested = requested or os.environ.get(DEVICE_ENV) or None
     if requested:
@@ -342,16 +333,12 @@ def select_device(requested: str | None = None) -> DeviceInfo:
 
 def available_devices() -> list[str]:
     """Device types usable here, best first; always ends with cpu.
-
-    Used in every lesson (01-13) through `select_device`.
     """
     return [t for t in KNOWN_DEVICE_TYPES if _available(t)]
 
 
 def describe_device(info: DeviceInfo | None = None) -> str:
     """One line for the top of each notebook: which device, backend, and AMP dtypes.
-
-    Used in every lesson (01-13).
     """
     info = info or select_device()
     scaler = "GradScaler needed" if info.needs_grad_scaler() else "no GradScaler needed"
@@ -364,8 +351,6 @@ def describe_device(info: DeviceInfo | None = None) -> str:
 def has_fp32_precision_api() -> bool:
     """True where torch has the per-backend ``fp32_precision`` settings (torch >= 2.9), which
     replace ``allow_tf32``; reading the old flags after setting the new ones raises there.
-
-    Used in lesson 03.
     """
     cudnn = torch.backends.cudnn
     return hasattr(cudnn, "conv") and hasattr(torch.backends.cuda.matmul, "fp32_precision")
@@ -378,8 +363,6 @@ def _precision(*levels: str, default: str) -> str:
 
 def tf32_state() -> dict[str, bool]:
     """Whether CUDA convolutions and matmuls may use TF32 now, read with the API torch has.
-
-    Used in lessons 03, 08.
     """
     if has_fp32_precision_api():
         generic = getattr(torch.backends, "fp32_precision", "none")
@@ -394,8 +377,6 @@ def tf32_state() -> dict[str, bool]:
 def fp32_baseline(info: DeviceInfo) -> str:
     """Name the fp32 baseline honestly: on Ampere+ NVIDIA GPUs cuDNN uses TF32 for convolutions
     unless switched off (``set_strict_fp32``).
-
-    Used in lessons 03, 04, 11, 13.
     """
     if info.type == "cuda" and not info.is_rocm:
         major, _ = torch.cuda.get_device_capability(info.device)
@@ -414,8 +395,6 @@ def set_strict_fp32(strict: bool = True) -> None:
     ``allow_tf32``. Not strict restores the values a fresh process starts with: ``"tf32"`` for
     cuDNN convolutions and ``"none"`` for matmuls (inherit the generic
     ``torch.backends.fp32_precision``, itself ``"none"``: matmuls then run in full fp32, ieee).
-
-    Used in lessons 03, 13.
     """
     if has_fp32_precision_api():
         torch.backends.cudnn.conv.fp32_precision = "ieee" if strict else "tf32"
@@ -423,3 +402,73 @@ def set_strict_fp32(strict: bool = True) -> None:
         return
     torch.backends.cudnn.allow_tf32 = not strict
     torch.backends.cuda.matmul.allow_tf32 = False
+
+
+# --- GPU device files closed to this user (ROCm) ----------------------------------------
+# The kfd file first, then the render nodes; these exist only where a ROCm driver does (or where
+# compose passed them into the container).
+ROCM_DEVICE_FILES = ("/dev/kfd", "/dev/dri/renderD*")
+# Set in the course's Docker image: the fix is then a compose setting, not a host group.
+IN_CONTAINER_ENV = "AMP_TUTORIAL_IN_CONTAINER"
+# docker/rocm.yml's group_add takes the host's group numbers from these two settings.
+COMPOSE_GID_SETTINGS = ("RENDER_GID", "VIDEO_GID")
+
+
+@dataclass(frozen=True)
+class ClosedDeviceFile:
+    """A GPU device file this process may not open for reading and writing, and its group.
+    """
+
+    path: str
+    gid: int
+
+
+def closed_device_files(patterns: tuple[str, ...] = ROCM_DEVICE_FILES) -> list[ClosedDeviceFile]:
+    """The GPU device files present here that this process may not open read-write.
+
+    ``os.access`` asks the kernel the open() permission question for the real user and its
+    groups, without opening the file (opening /dev/kfd would create a GPU context).
+    """
+    closed = []
+    for pattern in patterns:
+        for path in sorted(glob.glob(pattern)):
+            if not os.access(path, os.R_OK | os.W_OK):
+                closed.append(ClosedDeviceFile(path, os.stat(path).st_gid))
+    return closed
+
+
+def gpu_access_problem(closed: list[ClosedDeviceFile] | None = None) -> str | None:
+    """One sentence saying which GPU device files this user cannot open, and the exact fix;
+    None when there is nothing to fix (all present device files open, or none present).
+    """
+    closed = closed_device_files() if closed is None else closed
+    if not closed:
+        return None
+    # The render nodes' group first: it is the one compose's RENDER_GID is for.
+    gids = list(dict.fromkeys(f.gid for f in sorted(closed, key=lambda f: f.path == "/dev/kfd")))
+    files = ", ".join(f"{f.path} (group {f.gid})" for f in closed)
+    groups = ", ".join(str(g) for g in sorted(set(os.getgroups()) | {os.getgid()}))
+    problem = (f"the GPU device files {files} are closed to this user (uid {os.getuid()}, "
+               f"groups {groups})")
+    if os.environ.get(IN_CONTAINER_ENV):
+        named = zip(COMPOSE_GID_SETTINGS, gids, strict=False)  # a third group: see below
+        settings = " and ".join(f"{name}={gid}" for name, gid in named)
+        fix = (f"put {settings} in the .env file next to docker-compose.yml (the host's group "
+               f"numbers of these files), then run `docker compose up -d`")
+        if len(gids) > len(COMPOSE_GID_SETTINGS):
+            others = ", ".join(map(str, gids[len(COMPOSE_GID_SETTINGS):]))
+            fix += f", and add group(s) {others} to group_add in docker/rocm.yml"
+    else:
+        names = [_group_name(g) for g in gids]
+        fix = (f"add yourself to group(s) {', '.join(names)} (`sudo usermod -aG "
+               f"{','.join(names)} $USER`), then log out and in again")
+    return f"{problem}; fix: {fix}"
+
+
+def _group_name(gid: int) -> str:
+    import grp  # POSIX only, like the device files themselves
+
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)

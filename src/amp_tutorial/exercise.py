@@ -6,7 +6,7 @@ autocast state at each forward and backward, which tensor is backpropagated, the
 each backward and between backward and the step, who calls ``optimizer.step`` and how often per
 iteration (an iteration runs from one ``backward()`` to the next), which ``GradScaler`` objects
 are used, and the ``GradScaler`` calls. It then compares the returned loss history with plain
-fp32 training. Used by lesson 06.
+fp32 training.
 """
 
 from __future__ import annotations
@@ -56,8 +56,6 @@ TrainFn = Callable[..., object]
 @dataclass(frozen=True)
 class Problem:
     """One mistake: a stable key (for tests) and a plain-words message (for the learner).
-
-    Used in lesson 06, through `check_train_with_amp`.
     """
 
     key: str
@@ -67,8 +65,6 @@ class Problem:
 @dataclass
 class CheckResult:
     """What ``check_train_with_amp`` found; ``passed`` is True when it found nothing wrong.
-
-    Used in lesson 06.
     """
 
     problems: list[Problem] = field(default_factory=list)
@@ -93,8 +89,6 @@ class CheckResult:
 @dataclass(frozen=True)
 class Scenario:
     """One run of the learner's function: the autocast dtype and an optional clipping norm.
-
-    Used in lesson 06, through `check_train_with_amp`.
     """
 
     name: str
@@ -116,8 +110,6 @@ def make_exercise_problem(seed: int = 0) -> tuple[nn.Module, Batches]:
     """A small MLP and ``N_BATCHES`` (inputs, targets) batches of a smooth regression, on the CPU.
 
     Seeded without touching the global random state, so every call returns the same problem.
-
-    Used in lesson 06, through `check_train_with_amp`.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -141,8 +133,6 @@ def train_fp32(
     max_grad_norm: float | None = None,
 ) -> list[float]:
     """Plain fp32 training, the baseline: returns the mean batch loss of each epoch.
-
-    Used in lesson 06.
     """
     history = []
     for _ in range(epochs):
@@ -498,8 +488,6 @@ def check_train_with_amp(fn: TrainFn) -> CheckResult:
 
     ``fn(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype, max_grad_norm=None)``
     must return the mean loss of each epoch. Takes about a second on a laptop CPU.
-
-    Used in lesson 06.
     """
     found: dict[str, Problem] = {}
     where: dict[str, list[str]] = {}

@@ -1,7 +1,4 @@
 """Norms of gradients and of optimizer updates, to see what clipping and scaling change.
-
-Used by lesson 02 (gradients flushed to zero in fp16; clipping before or after ``unscale_``,
-with SGD and Adam) and lesson 09 (spotting skipped steps).
 """
 
 from __future__ import annotations
@@ -14,8 +11,6 @@ import torch
 def grad_norm(parameters: Iterable[torch.Tensor]) -> float:
     """The total 2-norm of the ``.grad`` of ``parameters`` (those without a gradient are skipped),
     the same number ``clip_grad_norm_`` measures.
-
-    Used in lesson 02.
     """
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
@@ -26,8 +21,6 @@ def grad_norm(parameters: Iterable[torch.Tensor]) -> float:
 
 def snapshot(parameters: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     """Detached copies of ``parameters``, to measure the next update against.
-
-    Used in lessons 02, 09.
     """
     return [p.detach().clone() for p in parameters]
 
@@ -35,8 +28,6 @@ def snapshot(parameters: Iterable[torch.Tensor]) -> list[torch.Tensor]:
 def update_norm(before: list[torch.Tensor], parameters: Iterable[torch.Tensor]) -> float:
     """The total 2-norm of ``parameters - before``: how far one optimizer step moved the weights
     (0.0 when the step was skipped).
-
-    Used in lessons 02, 09.
     """
     after = list(parameters)
     if len(after) != len(before):
@@ -59,8 +50,6 @@ def activation_grads(
     ``loss * loss_scale``. Returns ``(raw, unscaled)``, each flattened into one tensor: ``raw`` as
     backward computed them (their own dtype, still times ``loss_scale``), ``unscaled`` divided by
     ``loss_scale`` in fp32.
-
-    Used in lesson 02 (to count fp16 gradients flushed to zero).
     """
     grads: list[torch.Tensor] = []
 
@@ -83,7 +72,5 @@ def activation_grads(
 
 def zero_fraction(values: torch.Tensor) -> float:
     """The share of entries that are exactly zero: gradients lost to underflow.
-
-    Used in lesson 02.
     """
     return (values == 0).float().mean().item()

@@ -28,8 +28,6 @@ CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"  # where Inductor keeps compiled code
 
 def synchronize(device: torch.device | str) -> None:
     """Wait until all queued work on ``device`` has finished (a no-op on CPU).
-
-    Used in lessons 03, 04, 11, 12, 13 through `StepTimer` (before every clock read).
     """
     device_type = torch.device(device).type
     if device_type == "cuda":
@@ -42,8 +40,6 @@ def synchronize(device: torch.device | str) -> None:
 
 def free_memory(device: torch.device | str) -> None:
     """Drop unreferenced tensors and return cached blocks, so one run cannot count in the next.
-
-    Used in lessons 03, 04, 11 through `reset_peak_memory`.
     """
     gc.collect()
     device_type = torch.device(device).type
@@ -57,8 +53,6 @@ def free_memory(device: torch.device | str) -> None:
 
 def reset_peak_memory(device: torch.device | str) -> None:
     """Free what can be freed, then start a new peak-memory window (no-op without allocator).
-
-    Used in lessons 03, 04, 11.
     """
     free_memory(device)
     device_type = torch.device(device).type
@@ -70,8 +64,6 @@ def reset_peak_memory(device: torch.device | str) -> None:
 
 def peak_memory_bytes(device: torch.device | str) -> int | None:
     """Peak bytes held by tensors since the last reset; None where there are no allocator stats.
-
-    Used in lessons 03, 04, 11.
     """
     device_type = torch.device(device).type
     if device_type == "cuda":
@@ -84,8 +76,6 @@ def peak_memory_bytes(device: torch.device | str) -> int | None:
 @dataclass(frozen=True)
 class Timing:
     """Per-step wall times in seconds, with the statistics the course reports.
-
-    Used in lessons 03, 04, 11, 12, 13.
     """
 
     samples: tuple[float, ...]
@@ -121,8 +111,6 @@ def timing_columns(timing: Timing, baseline: Timing, peak_bytes: int | None) -> 
     """The columns every fp32-against-AMP results table starts with: median and IQR per step in
     ms, the speedup over the baseline (t_fp32 / t, medians) and the allocator's peak in MB (NaN
     where there is no allocator peak, as on a CPU).
-
-    Used in lessons 03, 04, 11.
     """
     return {
         "time/step median (ms)": timing.median * 1e3,
@@ -155,8 +143,6 @@ class StepTimer:
             with timer.step():
                 ...  # zero_grad, autocast forward + loss, scaler.scale(loss).backward(), ...
         print(timer.timing)
-
-    Used in lessons 03, 11, 12, 13.
     """
 
     def __init__(self, device: torch.device | str, warmup: int = 0) -> None:
@@ -208,8 +194,6 @@ def time_steps(
     losses as Python floats, so no graph is kept alive). ``keep_all=False`` keeps only the last
     step's result, so that timed forward passes do not hold every output and the peak memory
     read afterwards is one pass's, not all of them.
-
-    Used in lessons 04, 12; in lesson 11 through `attention_cost`.
     """
     if n_steps < 1:
         raise ValueError(f"n_steps must be at least 1, got {n_steps}")
@@ -237,8 +221,6 @@ def fresh_compile_cache() -> Iterator[str]:
     points that variable at a new empty folder and clears the in-memory caches
     (``torch.compiler.reset()``), so a notebook cell run twice compiles twice. On exit the folder
     is removed and the variable restored.
-
-    Used in lesson 12, and by ``pdm run bench --compile``.
     """
     before = os.environ.get(CACHE_VARIABLE)
     with tempfile.TemporaryDirectory(prefix="amp_tutorial_inductor_") as folder:
@@ -258,8 +240,6 @@ def saved_activation_bytes(fn: Callable[[], object]) -> int:
 
     Storage shared by several saved tensors (a weight saved by two ops) is counted once. Storages
     are told apart by identity, not address, so fake tensors (which have no data) count too.
-
-    Used in lessons 03, 08, 11, 13.
     """
     seen: dict[int, tuple[torch.UntypedStorage, int]] = {}  # id -> (storage kept alive, bytes)
 
@@ -277,8 +257,6 @@ def activation_output_bytes(model: torch.nn.Module, fn: Callable[[], object]) ->
     """Bytes of every leaf module's output while ``fn()`` runs: the activations a forward produces.
 
     Works under ``torch.inference_mode``, where nothing is saved for backward.
-
-    Used in lesson 04.
     """
     total = 0
 
@@ -301,9 +279,7 @@ def op_dtype_rows(events: object, min_tensor_inputs: int = 1) -> list[dict[str, 
     """Ops from a ``torch.profiler`` run made with ``record_shapes=True``, grouped by op name and
     the dtypes of their tensor inputs: calls and self time (CPU-side, microseconds).
 
-    Shows which ops really ran in low precision and which in float32 (lesson 13).
-
-    Used in lesson 13.
+    Shows which ops really ran in low precision and which in float32.
     """
     rows: dict[tuple[str, str], dict[str, object]] = {}
     for event in events:  # prof.events(): one FunctionEvent per op call
@@ -322,9 +298,7 @@ def op_dtype_rows(events: object, min_tensor_inputs: int = 1) -> list[dict[str, 
 def optimizer_step_events(events: object) -> list[object]:
     """The op calls made inside ``optimizer.step()`` of a ``torch.profiler`` run: every
     ``torch.optim`` optimizer wraps its step in an ``Optimizer.step#<Class>.step`` range, and its
-    ops are that range's descendants (lesson 13).
-
-    Used in lesson 13.
+    ops are that range's descendants.
     """
     found: list[object] = []
 

@@ -17,8 +17,6 @@ from torch import nn
 
 class NonFiniteLossError(FloatingPointError):
     """Raised by ``check_finite_loss`` when the loss is inf or NaN.
-
-    Used in lesson 08.
     """
 
 
@@ -26,8 +24,6 @@ def check_finite_loss(loss: torch.Tensor | float, step: int) -> float:
     """Return the loss as a float, or raise NonFiniteLossError saying where and what to do next.
 
     Reading the value synchronises the device; in a long run, check every few steps instead.
-
-    Used in lessons 08, 10 (in `amp_tutorial.ddp`).
     """
     value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
     if not math.isfinite(value):
@@ -43,8 +39,6 @@ def check_finite_loss(loss: torch.Tensor | float, step: int) -> float:
 @dataclass(frozen=True)
 class NonFiniteOutput:
     """The first module (in execution order) whose output held inf or NaN.
-
-    Used in lesson 08.
     """
 
     name: str  # the module's name in model.named_modules(), e.g. "layers.0"
@@ -63,8 +57,6 @@ def first_nonfinite_module(model: nn.Module, fn: Callable[[], object]) -> NonFin
 
     Returns the first module whose output was non-finite while its inputs were all finite (the
     module that *created* the inf/NaN), or None if every output stayed finite.
-
-    Used in lesson 08.
     """
     found: list[NonFiniteOutput] = []
 

@@ -14,8 +14,6 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def plot_dtype_ranges(dtypes: Sequence[torch.dtype] = FLOAT_DTYPES) -> Figure:
     """Log2 of the smallest subnormal, smallest normal and largest value of each dtype.
-
-    Used in lesson 01.
     """
     from amp_tutorial.device import dtype_name
 
@@ -39,8 +37,6 @@ def plot_dtype_ranges(dtypes: Sequence[torch.dtype] = FLOAT_DTYPES) -> Figure:
 
 def plot_image(image: torch.Tensor | np.ndarray, title: str) -> Figure:
     """One (H, W) or (1, 1, H, W) image, such as the target, with a colour bar.
-
-    Used in lesson 03.
     """
     fig, ax = plt.subplots(figsize=(5, 4))
     shown = ax.imshow(_as_2d(image), cmap="viridis", origin="lower", extent=(0, 1, 0, 1))
@@ -53,8 +49,6 @@ def plot_image(image: torch.Tensor | np.ndarray, title: str) -> Figure:
 
 def plot_outputs(images: Mapping[str, torch.Tensor | np.ndarray], title: str) -> Figure:
     """Images side by side on one colour scale: the target next to each run's prediction.
-
-    Used in lessons 03, 04.
     """
     fig, axes = plt.subplots(1, len(images), figsize=(3.3 * len(images), 3.4), squeeze=False)
     for ax, (name, image) in zip(axes[0], images.items(), strict=True):
@@ -69,10 +63,8 @@ def plot_outputs(images: Mapping[str, torch.Tensor | np.ndarray], title: str) ->
 
 def plot_losses(histories: Mapping[str, Sequence[float]], title: str = "Training loss",
                 xlabel: str = "step", ylabel: str = "MSE loss (log scale)") -> Figure:
-    """Loss per step (or per ``xlabel``, e.g. epoch) for each run, log scale; lesson 11 passes
-    ``ylabel`` for its cross-entropy.
-
-    Used in lessons 02, 03, 06, 11, 12.
+    """Loss per step (or per ``xlabel``, e.g. epoch) for each run, log scale; pass ``ylabel`` for
+    another loss (the transformer's cross-entropy).
     """
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for name, losses in histories.items():
@@ -86,8 +78,6 @@ def plot_losses(histories: Mapping[str, Sequence[float]], title: str = "Training
 
 def plot_bars(values: Mapping[str, Mapping[str, float]], title: str) -> Figure:
     """One panel per metric (e.g. 'time per step (ms)'), one bar per run, value printed on top.
-
-    Used in lessons 03, 04, 11, 12.
     """
     metrics = list(values)
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.3), squeeze=False)
@@ -111,9 +101,7 @@ def _as_2d(image: torch.Tensor | np.ndarray) -> np.ndarray:
 
 def plot_op_times(rows: Sequence[Mapping[str, object]], title: str, top: int = 15) -> Figure:
     """Self time of the ``top`` ops of a profiled step, one bar per (op, input dtypes), coloured by
-    whether any input was low precision (rows from ``measure.op_dtype_rows``; lesson 13).
-
-    Used in lesson 13.
+    whether any input was low precision (rows from ``measure.op_dtype_rows``).
     """
     shown = list(rows)[:top][::-1]
     colours = ["tab:green" if any(d in str(r["input dtypes"]) for d in ("bf16", "fp16"))
@@ -133,8 +121,6 @@ def plot_op_times(rows: Sequence[Mapping[str, object]], title: str, top: int = 1
 def plot_gradient_magnitudes(grads: torch.Tensor, scale: float, title: str) -> Figure:
     """Histogram of log2 |gradient| (zeros left out), and the same times ``scale``, against
     float16's smallest subnormal and normal numbers and the band that rounds to 0.
-
-    Used in lesson 02.
     """
     fp16 = torch.finfo(torch.float16)
     subnormal, normal = fp16.smallest_normal * fp16.eps, fp16.smallest_normal
@@ -162,8 +148,6 @@ def plot_scale_history(scales: Sequence[float], skipped: Sequence[bool], title: 
 
     ``scales`` has one entry per step (the scale that step used) plus the final one;
     ``marked_step`` draws a vertical line, e.g. where an inf was injected.
-
-    Used in lesson 02.
     """
     fig, ax = plt.subplots(figsize=(8, 3.5))
     ax.step(range(len(scales)), np.log2(scales), where="post", label="scale used by the step")

@@ -1,7 +1,7 @@
 """Problem-size presets, so every lesson runs in sensible time on a GPU, a laptop CPU and in CI.
 
 ``paper`` reproduces the sizes of the original ROCm blog; ``cpu`` is the laptop size; ``smoke`` is
-the tiny size the test suite uses. Each preset also sizes the transformer of lesson 11
+the tiny size the test suite uses. Each preset also sizes the course's transformer
 (:class:`TransformerSizes`). ``auto`` picks ``paper`` on a GPU and ``cpu`` elsewhere.
 Set ``AMP_TUTORIAL_PRESET`` to override.
 """
@@ -16,16 +16,12 @@ PRESET_ENV = "AMP_TUTORIAL_PRESET"
 
 class UnknownPresetError(ValueError):
     """Raised for a preset name that does not exist; the message lists the valid names.
-
-    Used in every lesson but 01: `get_preset` raises it.
     """
 
 
 @dataclass(frozen=True)
 class TransformerSizes:
-    """Sizes of lesson 11's decoder-only transformer and its sequence-reversal task.
-
-    Used in lesson 11.
+    """Sizes of the course's decoder-only transformer and its sequence-reversal task.
     """
 
     d_model: int  # width of every token's vector
@@ -43,8 +39,6 @@ class TransformerSizes:
 @dataclass(frozen=True)
 class Preset:
     """Sizes for the quantized-sinusoid problem and how long to train and time it.
-
-    Used in every lesson but 01.
     """
 
     name: str
@@ -55,7 +49,7 @@ class Preset:
     warmup: int  # untimed steps before timing starts (kernel selection, allocator growth)
     inference_steps: int  # timed forward passes for the inference comparison
     description: str
-    transformer: TransformerSizes  # lesson 11 and ``bench --model transformer``
+    transformer: TransformerSizes  # the transformer lessons and ``bench --model transformer``
 
 
 PRESETS: dict[str, Preset] = {
@@ -97,8 +91,6 @@ def get_preset(name: str | None = None, device_type: str | None = None) -> Prese
     """Return the preset called ``name`` (or ``$AMP_TUTORIAL_PRESET``, or ``auto``).
 
     ``auto`` resolves to ``paper`` on cuda/xpu and ``cpu`` on cpu/mps.
-
-    Used in every lesson but 01.
     """
     chosen = (name or os.environ.get(PRESET_ENV) or "auto").strip().lower()
     if chosen == "auto":

@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class Question:
     """One multiple-choice question: the text, lettered options, the right letter, and why.
-
-    Used in lesson 06.
     """
 
     text: str
@@ -94,8 +92,6 @@ QUESTIONS: dict[int, Question] = {
 
 def quiz_markdown() -> str:
     """The questions and their options as Markdown, for ``IPython.display.Markdown``.
-
-    Used in lesson 06.
     """
     parts = []
     for number, q in QUESTIONS.items():
@@ -107,8 +103,6 @@ def quiz_markdown() -> str:
 @dataclass
 class QuizResult:
     """Per-question marks; ``all_correct`` is True only when every question is answered right.
-
-    Used in lesson 06.
     """
 
     marks: dict[int, str] = field(default_factory=dict)  # "correct", "wrong" or "unanswered"
@@ -128,8 +122,6 @@ class QuizResult:
 
 def check_quiz(answers: Mapping[int, str | None]) -> QuizResult:
     """Mark ``{question number: letter}``; a right answer shows why, a wrong one only says so.
-
-    Used in lesson 06.
     """
     result = QuizResult()
     for number, q in QUESTIONS.items():

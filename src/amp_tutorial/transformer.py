@@ -2,7 +2,6 @@
 
 Token and position embeddings, pre-norm blocks of causal self-attention (through
 ``F.scaled_dot_product_attention``) and a GELU MLP, a final LayerNorm and a vocabulary head.
-Used by lesson 11 and by ``pdm run bench --model transformer``.
 """
 
 from __future__ import annotations
@@ -17,8 +16,6 @@ from torch import nn
 @dataclass(frozen=True)
 class TransformerConfig:
     """The sizes of a :class:`DecoderTransformer`.
-
-    Used in lessons 11, 12 and 13, through `make_transformer_problem`.
     """
 
     vocab_size: int
@@ -35,8 +32,6 @@ class TransformerConfig:
 
 class CausalSelfAttention(nn.Module):
     """Multi-head self-attention where position t attends only to positions <= t.
-
-    Used in lessons 11, 12, 13, inside `DecoderTransformer`.
     """
 
     def __init__(self, d_model: int, n_heads: int) -> None:
@@ -56,8 +51,6 @@ class CausalSelfAttention(nn.Module):
 
 class MLP(nn.Module):
     """Linear -> GELU -> Linear, ``mlp_ratio`` times wider in the middle.
-
-    Used in lessons 11, 12, 13, inside `DecoderTransformer`.
     """
 
     def __init__(self, d_model: int, mlp_ratio: int = 4) -> None:
@@ -72,8 +65,6 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     """One pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)).
-
-    Used in lessons 11, 12, 13, inside `DecoderTransformer`.
     """
 
     def __init__(self, d_model: int, n_heads: int, mlp_ratio: int = 4) -> None:
@@ -90,8 +81,6 @@ class Block(nn.Module):
 
 class DecoderTransformer(nn.Module):
     """Token ids (batch, seq) -> next-token logits (batch, seq, vocab_size).
-
-    Used in lessons 11, 12, 13.
     """
 
     def __init__(self, config: TransformerConfig) -> None:

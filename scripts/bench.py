@@ -1,0 +1,383 @@
+"""``pdm run bench``: the seed's fp32-vs-AMP comparison outside Jupyter, measured correctly.
+
+``--model conv`` (default) trains the seed's ConvModel on the seed problem; ``--model transformer``
+trains the course's decoder-only transformer on the sequence-reversal task (and also reports the
+final answer accuracy on held-out sequences).
+
+For fp32 and every AMP dtype the device supports it reports training and inference time per step
+(median and interquartile range over the timed steps, after warm-up), peak allocator memory where
+the device has one, saved-activation bytes (every device), the final loss and ratios against fp32.
+``--compile`` runs the same modes through ``torch.compile`` and reports the compile time (first
+call minus a median step) apart from the step time; the compile lesson explains what changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from amp_tutorial.data import make_problem
+from amp_tutorial.device import (
+    DeviceInfo,
+    DeviceNotAvailableError,
+    dtype_name,
+    fp32_baseline,
+    select_device,
+    set_strict_fp32,
+)
+from amp_tutorial.measure import (
+    Timing,
+    fresh_compile_cache,
+    peak_memory_bytes,
+    reset_peak_memory,
+    saved_activation_bytes,
+    time_steps,
+)
+from amp_tutorial.models import ConvModel
+from amp_tutorial.presets import Preset, UnknownPresetError, get_preset
+from amp_tutorial.reversal_task import make_transformer_problem, sequence_loss
+from amp_tutorial.steps import (
+    make_inference_step,
+    make_sequence_train_step,
+    make_train_step,
+    sequence_accuracy,
+)
+from amp_tutorial.transformer import DecoderTransformer, TransformerConfig
+
+SEED = 0
+LEARNING_RATE = 1e-3
+MODELS = ("conv", "transformer")
+
+
+@dataclass
+class ModeResult:
+    """What one precision mode measured; times in seconds per step, memory in bytes.
+    """
+
+    mode: str
+    amp_dtype: str | None
+    grad_scaler: bool
+    train_median_s: float
+    train_iqr_s: float
+    infer_median_s: float
+    infer_iqr_s: float
+    train_peak_bytes: int | None
+    infer_peak_bytes: int | None
+    saved_activation_bytes: int
+    final_loss: float
+    train_speedup: float = 1.0  # t_fp32 / t_mode
+    infer_speedup: float = 1.0
+    activation_ratio: float = 1.0  # bytes_mode / bytes_fp32
+    train_peak_ratio: float | None = None
+    infer_peak_ratio: float | None = None
+    final_accuracy: float | None = None  # transformer: answer accuracy on held-out sequences
+    train_compile_s: float | None = None  # --compile: first call minus a median step
+    infer_compile_s: float | None = None
+
+
+def run_mode(
+    info: DeviceInfo,
+    preset: Preset,
+    amp_dtype: torch.dtype | None,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    progress: bool = True,
+    compile_backend: str | None = None,
+) -> ModeResult:
+    """Train and then time inference of a fresh, identically seeded model in one precision mode.
+
+    With ``compile_backend`` (e.g. ``"inductor"``) the model runs through ``torch.compile``; the
+    first call, which compiles, is timed on its own and never counted as a step.
+    """
+    label = dtype_name(amp_dtype) if amp_dtype else fp32_baseline(info)
+    label += " compiled" if compile_backend else ""
+    torch.manual_seed(SEED)
+    reset_peak_memory(info.device)
+    model = ConvModel(preset.hidden, preset.n_hidden_layers).to(
+        info.device, memory_format=_memory_format(inputs))
+    optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
+    use_scaler = amp_dtype is not None and info.needs_grad_scaler(amp_dtype)
+    scaler = torch.amp.GradScaler(info.type, enabled=use_scaler)
+    net = torch.compile(model, backend=compile_backend) if compile_backend else model
+    train_step = make_train_step(net, optimizer, inputs, targets, amp_dtype, scaler)
+    train_first = _first_call_s(train_step, info.device) if compile_backend else None
+    train_timing, losses = time_steps(train_step, preset.steps, info.device,
+                                      _warmup(preset, compile_backend), desc=f"train {label}",
+                                      progress=progress)
+    train_peak = peak_memory_bytes(info.device)
+
+    def forward_and_loss() -> None:
+        with torch.autocast(info.type, dtype=amp_dtype or torch.float32,
+                            enabled=amp_dtype is not None):
+            torch.nn.functional.mse_loss(model(inputs), targets)
+
+    activation_bytes = saved_activation_bytes(forward_and_loss)
+
+    del optimizer, scaler, train_step
+    reset_peak_memory(info.device)
+    infer_step = make_inference_step(net, inputs, amp_dtype)
+    infer_first = _first_call_s(infer_step, info.device) if compile_backend else None
+    infer_timing, _ = time_steps(infer_step, preset.inference_steps, info.device,
+                                 _warmup(preset, compile_backend), desc=f"infer {label}",
+                                 progress=progress, keep_all=False)
+    infer_peak = peak_memory_bytes(info.device)
+    return _result(label, amp_dtype, use_scaler, train_timing, infer_timing, train_peak,
+                   infer_peak, activation_bytes, losses,
+                   train_compile_s=_minus(train_first, train_timing.median),
+                   infer_compile_s=_minus(infer_first, infer_timing.median))
+
+
+def _result(label: str, amp_dtype: torch.dtype | None, use_scaler: bool, train: Timing,
+            infer: Timing, train_peak: int | None, infer_peak: int | None,
+            activation_bytes: int, losses: Sequence[float], **extra: float | None) -> ModeResult:
+    """One mode's row from its measurements (``extra``: the model- or compile-specific fields)."""
+    return ModeResult(
+        mode=label, amp_dtype=dtype_name(amp_dtype) if amp_dtype else None,
+        grad_scaler=use_scaler, train_median_s=train.median, train_iqr_s=train.iqr,
+        infer_median_s=infer.median, infer_iqr_s=infer.iqr, train_peak_bytes=train_peak,
+        infer_peak_bytes=infer_peak, saved_activation_bytes=activation_bytes,
+        final_loss=float(losses[-1]), **extra)
+
+
+def run_transformer_mode(
+    info: DeviceInfo,
+    preset: Preset,
+    amp_dtype: torch.dtype | None,
+    config: TransformerConfig,
+    train: list[tuple[torch.Tensor, torch.Tensor]],
+    test: list[tuple[torch.Tensor, torch.Tensor]],
+    progress: bool = True,
+) -> tuple[ModeResult, list[float]]:
+    """Train a fresh, identically seeded transformer in one precision mode, then time inference.
+
+    Returns the result row and the per-step training losses (to plot them).
+    """
+    sizes = preset.transformer
+    label = dtype_name(amp_dtype) if amp_dtype else fp32_baseline(info)
+    torch.manual_seed(SEED)
+    reset_peak_memory(info.device)
+    model = DecoderTransformer(config).to(info.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=sizes.lr)
+    use_scaler = amp_dtype is not None and info.needs_grad_scaler(amp_dtype)
+    scaler = torch.amp.GradScaler(info.type, enabled=use_scaler)
+    train_step = make_sequence_train_step(model, optimizer, train, amp_dtype, scaler)
+    train_timing, losses = time_steps(train_step, sizes.steps, info.device, sizes.warmup,
+                                      desc=f"train {label}", progress=progress)
+    train_peak = peak_memory_bytes(info.device)
+
+    def forward_and_loss() -> None:
+        with torch.autocast(info.type, dtype=amp_dtype or torch.float32,
+                            enabled=amp_dtype is not None):
+            sequence_loss(model(train[0][0]), train[0][1])
+
+    activation_bytes = saved_activation_bytes(forward_and_loss)
+    accuracy = sequence_accuracy(model, test, amp_dtype)
+
+    del optimizer, scaler, train_step
+    reset_peak_memory(info.device)
+    infer_step = make_inference_step(model, test[0][0], amp_dtype)
+    infer_timing, _ = time_steps(infer_step, max(2, sizes.steps // 4), info.device, sizes.warmup,
+                                 desc=f"infer {label}", progress=progress, keep_all=False)
+    infer_peak = peak_memory_bytes(info.device)
+    result = _result(label, amp_dtype, use_scaler, train_timing, infer_timing, train_peak,
+                     infer_peak, activation_bytes, losses, final_accuracy=accuracy)
+    return result, [float(loss) for loss in losses]
+
+
+def run_transformer_benchmark(info: DeviceInfo, preset: Preset, progress: bool = True
+                              ) -> tuple[list[ModeResult], dict[str, list[float]]]:
+    """fp32 first, then each AMP dtype the device supports; also returns each mode's losses.
+    """
+    config, train, test = make_transformer_problem(preset, info.device)
+    results, losses = [], {}
+    for amp_dtype in tqdm([None, *info.amp_dtypes], desc="modes", disable=not progress):
+        result, history = run_transformer_mode(info, preset, amp_dtype, config, train, test,
+                                               progress)
+        results.append(result)
+        losses[result.mode] = history
+    add_ratios(results)
+    return results, losses
+
+
+def _first_call_s(step: Callable[[int], object], device: torch.device) -> float:
+    """Seconds of one synchronised call: with torch.compile, the call that compiles."""
+    return time_steps(step, 1, device, progress=False)[0].median
+
+
+def _warmup(preset: Preset, compile_backend: str | None) -> int:
+    return max(preset.warmup - 1, 0) if compile_backend else preset.warmup  # first call warms up
+
+
+def _minus(first: float | None, median: float) -> float | None:
+    return None if first is None else max(first - median, 0.0)
+
+
+def _memory_format(tensor: torch.Tensor) -> torch.memory_format:
+    channels_last = tensor.is_contiguous(memory_format=torch.channels_last)
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b in (None, 0) else a / b
+
+
+def add_ratios(results: list[ModeResult]) -> None:
+    """Fill in speedups (t_fp32 / t_amp) and memory ratios (amp / fp32) against the first row.
+    """
+    base = results[0]
+    for r in results:
+        r.train_speedup = base.train_median_s / r.train_median_s
+        r.infer_speedup = base.infer_median_s / r.infer_median_s
+        r.activation_ratio = r.saved_activation_bytes / base.saved_activation_bytes
+        r.train_peak_ratio = _ratio(r.train_peak_bytes, base.train_peak_bytes)
+        r.infer_peak_ratio = _ratio(r.infer_peak_bytes, base.infer_peak_bytes)
+
+
+MEMORY_FORMATS = {"channels_last": torch.channels_last, "contiguous": torch.contiguous_format}
+
+
+def run_benchmark(info: DeviceInfo, preset: Preset, progress: bool = True,
+                  memory_format: str = "channels_last",
+                  compile_backend: str | None = None) -> list[ModeResult]:
+    """fp32 first (the baseline), then each AMP dtype the device supports, in one memory format.
+
+    With ``compile_backend``, eager fp32 stays the baseline and every mode is run again compiled.
+    """
+    inputs, targets = make_problem(preset.grid, info.device, MEMORY_FORMATS[memory_format])
+    modes: list[torch.dtype | None] = [None, *info.amp_dtypes]
+    runs = [(m, None) for m in modes] + [(m, compile_backend) for m in modes if compile_backend]
+    results = [run_mode(info, preset, m, inputs, targets, progress, backend)
+               for m, backend in tqdm(runs, desc="modes", disable=not progress)]
+    add_ratios(results)
+    return results
+
+
+def _mb(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**20:.1f}"
+
+
+def _x(r: float | None) -> str:
+    return "n/a" if r is None else f"{r:.2f}x"
+
+
+def _table(cols: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+             for row in [cols, *rows]]
+    return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
+
+
+def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
+                 memory_format: str = "channels_last", model: str = "conv") -> str:
+    """The human-readable report: a time table and a memory table, one row per mode.
+    """
+    if model == "transformer":
+        t = preset.transformer
+        header = (f"device: {info}\npreset: {preset.name}; model: transformer ({t.n_layers} "
+                  f"layers, width {t.d_model}, {t.n_heads} heads, seq {t.seq_len}, batch "
+                  f"{t.batch}, {t.steps} training steps, {max(2, t.steps // 4)} inference steps, "
+                  f"{t.warmup} warm-up); task: reverse {t.seq_len // 2} of {t.n_symbols} symbols")
+    else:
+        header = (f"device: {info}\npreset: {preset.name} (grid {preset.grid}, hidden "
+                  f"{preset.hidden}, {preset.n_hidden_layers} hidden layers, {preset.steps} "
+                  f"training steps, {preset.inference_steps} inference steps, {preset.warmup} "
+                  f"warm-up); memory format: {memory_format}")
+    with_accuracy = any(r.final_accuracy is not None for r in results)
+    time_table = _table(
+        ["mode", "scaler", "train ms/step", "IQR", "speedup", "infer ms/step", "IQR", "speedup",
+         "final loss", *(["accuracy"] if with_accuracy else []), "compile s (train/infer)"],
+        [[r.mode, "yes" if r.grad_scaler else "no",
+          f"{r.train_median_s * 1e3:.2f}", f"{r.train_iqr_s * 1e3:.2f}", _x(r.train_speedup),
+          f"{r.infer_median_s * 1e3:.2f}", f"{r.infer_iqr_s * 1e3:.2f}", _x(r.infer_speedup),
+          f"{r.final_loss:.4g}", *([f"{r.final_accuracy:.3f}"] if with_accuracy else []),
+          _compile_text(r)] for r in results])
+    memory_table = _table(
+        ["mode", "saved activations MB", "ratio", "train peak MB", "ratio", "infer peak MB",
+         "ratio"],
+        [[r.mode, _mb(r.saved_activation_bytes), f"{r.activation_ratio:.2f}",
+          _mb(r.train_peak_bytes), _ratio_text(r.train_peak_ratio),
+          _mb(r.infer_peak_bytes), _ratio_text(r.infer_peak_ratio)] for r in results])
+    notes = ("speedup = t_fp32 / t_mode (median per step, after warm-up); IQR = interquartile "
+             "range;\n"
+             + ("accuracy = answer tokens right on held-out sequences;\n" if with_accuracy else "")
+             + "ratio = mode / fp32; peak MB is the caching allocator's peak (n/a on CPU and "
+             "MPS);\nsaved activations = bytes autograd keeps for backward in one forward + loss.")
+    return f"{header}\n\nTime\n{time_table}\n\nMemory\n{memory_table}\n\n{notes}"
+
+
+def _compile_text(r: ModeResult) -> str:
+    if r.train_compile_s is None or r.infer_compile_s is None:
+        return "-"
+    return f"{r.train_compile_s:.1f} / {r.infer_compile_s:.1f}"
+
+
+def _ratio_text(r: float | None) -> str:
+    return "n/a" if r is None else f"{r:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``pdm run bench`` command: parse the options, run every mode, print or write JSON.
+    """
+    parser = argparse.ArgumentParser(prog="pdm run bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", help="paper, cpu, smoke or auto (default: $AMP_TUTORIAL_PRESET "
+                        "or auto)")
+    parser.add_argument("--device", help="cuda, cuda:N, mps, xpu or cpu (default: "
+                        "$AMP_TUTORIAL_DEVICE or the best available)")
+    parser.add_argument("--strict-fp32", action="store_true",
+                        help="switch TF32 off so the fp32 baseline is true fp32 on Ampere+ GPUs")
+    parser.add_argument("--model", choices=MODELS, default="conv",
+                        help="conv: the seed's ConvModel (default); transformer: the course's "
+                        "decoder-only transformer on the sequence-reversal task")
+    parser.add_argument("--memory-format", choices=list(MEMORY_FORMATS), default="channels_last",
+                        help="tensor layout for both fp32 and AMP (default: channels_last, the "
+                        "layout fast convolution kernels use; contiguous = NCHW as in the seed)")
+    parser.add_argument("--compile", nargs="?", const="inductor", metavar="BACKEND",
+                        help="also run every mode through torch.compile (default backend: "
+                        "inductor; aot_eager traces without generating code) and report the "
+                        "compile time apart from the step time")
+    parser.add_argument("--json", nargs="?", const="-", metavar="PATH",
+                        help="write the results as JSON to PATH (or stdout with no PATH)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    args = parser.parse_args(argv)
+    if args.compile and args.model != "conv":
+        parser.error("--compile runs the conv model only; the compile lesson compiles the "
+                     "transformer")
+    try:
+        info = select_device(args.device)
+        preset = get_preset(args.preset, info.type)
+    except (DeviceNotAvailableError, UnknownPresetError) as err:
+        parser.exit(2, f"error: {err}\n")
+    if args.strict_fp32:
+        set_strict_fp32(True)
+    if args.model == "transformer":
+        results, _ = run_transformer_benchmark(info, preset, progress=not args.no_progress)
+    else:
+        with fresh_compile_cache():  # compile times are cold ones, never a cache hit
+            results = run_benchmark(info, preset, progress=not args.no_progress,
+                                    memory_format=args.memory_format, compile_backend=args.compile)
+    report = {
+        "device": str(info.device), "backend": info.backend, "device_name": info.name,
+        "torch": torch.__version__, "preset": asdict(preset), "baseline": results[0].mode,
+        "model": args.model, "memory_format": args.memory_format, "compile": args.compile,
+        "results": [asdict(r) for r in results],
+    }
+    if args.json == "-":
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    else:
+        print(format_table(info, preset, results, args.memory_format, args.model))
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(report, fh, indent=2)
+            print(f"\nJSON written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,207 @@
+"""The course's lessons as data: number, title, and the metadata each lesson's header carries.
+
+This module is the one definition of a lesson, used by the test run (the root ``conftest.py``),
+the handout, the lab launcher and the tests: a file ``NN_name.py`` (two digits, an underscore) in
+the course folder, ``notebooks/`` (``_template.py`` is not one). Its title is its ``# # NN ·
+Title`` line. Its jupytext header holds an ``amp_tutorial`` block that the README's table of
+lessons, the tests and the handout read::
+
+    #   amp_tutorial:
+    #     minutes:          # whole lesson, kernel start included, on the README's reference CPU
+    #       cpu: 13.6
+    #       smoke: 1.0
+    #     needs: any device, CPU included; ...   # what it takes to run every part
+
+``python -m course_tools.catalogue table`` prints the README's table from these blocks (a test
+keeps the README equal to it), and ``python -m course_tools.catalogue record timings.json`` writes
+the minutes a ``pdm run handout --preset P`` run measured into the lessons' headers.
+``python -m course_tools.catalogue uses`` prints which lessons import each helper module, read
+from the lessons' import statements (no docstring keeps that list by hand).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jupytext
+
+NOTEBOOKS_ENV = "AMP_TUTORIAL_NOTEBOOKS"
+LESSON_NAME = re.compile(r"^\d\d_\w+\.py$")  # 03_amp_training.py; not _template.py
+LESSON_GLOB = "[0-9][0-9]_*.py"  # the same files, for a glob (LESSON_NAME still decides)
+HELPER_PACKAGE = "amp_tutorial"
+TITLE_LINE = re.compile(r"^# # (\d\d) · (.+?)\s*$", re.MULTILINE)  # `# # 03 · Training with AMP`
+METADATA_KEY = "amp_tutorial"
+TABLE_PRESETS = ("smoke", "cpu")  # the presets the README's table gives a time for
+
+
+def notebooks_dir() -> Path:
+    """The course folder: $AMP_TUTORIAL_NOTEBOOKS, the checkout's notebooks/, or ./notebooks."""
+    if os.environ.get(NOTEBOOKS_ENV):
+        return Path(os.environ[NOTEBOOKS_ENV]).resolve()
+    checkout = Path(__file__).resolve().parents[2] / "notebooks"
+    return checkout if checkout.is_dir() else Path.cwd() / "notebooks"
+
+
+def is_lesson(path: Path) -> bool:
+    """Whether ``path`` is a lesson by its name, ``NN_name.py``, wherever the course folder is
+    (the checkout's notebooks/, the image's, a learner's copy under the hub)."""
+    return bool(LESSON_NAME.match(path.name))
+
+
+def lesson_paths(notebooks: Path | None = None) -> list[Path]:
+    """Every lesson file of the course folder, in course order."""
+    folder = notebooks or notebooks_dir()
+    return [path for path in sorted(folder.glob(LESSON_GLOB)) if is_lesson(path)]
+
+
+@dataclass(frozen=True)
+class Lesson:
+    """One lesson file, the number and title from its ``# # NN · Title`` line, and its metadata.
+    """
+
+    path: Path
+    number: str
+    title: str
+    metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    @property
+    def page(self) -> str:
+        return f"{self.name}.html"
+
+    @property
+    def heading(self) -> str:
+        return f"{self.number} · {self.title}"
+
+    @property
+    def minutes(self) -> dict[str, float]:
+        """Measured run time of the whole lesson per preset, in minutes."""
+        return dict(self.metadata.get("minutes") or {})
+
+    @property
+    def needs(self) -> str:
+        """What the lesson needs to run every part (all lessons run on a CPU)."""
+        return str(self.metadata.get("needs") or "")
+
+
+def read_lesson(path: Path) -> Lesson:
+    """The lesson at ``path``: its number, title and header metadata."""
+    text = path.read_text(encoding="utf-8")
+    match = TITLE_LINE.search(text)
+    number, title = match.groups() if match else (path.name[:2], path.stem[3:])
+    metadata = jupytext.reads(text, fmt="py:percent").metadata.get(METADATA_KEY, {})
+    return Lesson(path, number, title, dict(metadata))
+
+
+def find_lessons(notebooks: Path | None = None) -> list[Lesson]:
+    """Every ``NN_*.py`` lesson in ``notebooks`` (default: the course's), in course order.
+    """
+    return [read_lesson(path) for path in lesson_paths(notebooks)]
+
+
+def select_lessons(lessons: Sequence[Lesson], wanted: Sequence[str]) -> list[Lesson]:
+    """The lessons named by number (``03``), stem or file name, in course order.
+    """
+    chosen = []
+    for key in wanted:
+        hits = [lesson for lesson in lessons
+                if key in (lesson.number, lesson.name, lesson.path.name)]
+        if not hits:
+            valid = ", ".join(lesson.number for lesson in lessons)
+            raise SystemExit(f"error: no lesson {key!r}; the lessons are {valid}")
+        chosen += hits
+    return [lesson for lesson in lessons if lesson in chosen]
+
+
+def format_minutes(minutes: float | None) -> str:
+    if minutes is None:
+        return "not measured"
+    return f"{minutes:.1f} min" if minutes >= 1 else f"{round(minutes * 60)} s"
+
+
+def run_time_table(lessons: Sequence[Lesson]) -> str:
+    """The README's Markdown table: each lesson's run time per preset and what it needs.
+    """
+    head = ["lesson", *(f"`{p}`" for p in TABLE_PRESETS), "needs"]
+    rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for lesson in lessons:
+        times = [format_minutes(lesson.minutes.get(p)) for p in TABLE_PRESETS]
+        rows.append(f"| `{lesson.path.name}` | " + " | ".join(times) + f" | {lesson.needs} |")
+    return "\n".join(rows) + "\n"
+
+
+def record_minutes(path: Path, preset: str, seconds: float) -> None:
+    """Write a measured run time into the lesson's header (the rest of the file is unchanged).
+    """
+    notebook = jupytext.read(path)
+    block = notebook.metadata.setdefault(METADATA_KEY, {})
+    block.setdefault("minutes", {})[preset] = round(seconds / 60, 1)
+    jupytext.write(notebook, path, fmt="py:percent")
+
+
+def imported_modules(path: Path, package: str = HELPER_PACKAGE) -> set[str]:
+    """The modules of ``package`` that the Python file at ``path`` imports (``package.x`` -> x)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        found |= {n.split(".")[1] for n in names
+                  if n.startswith(package + ".") and n.count(".") >= 1}
+    return found
+
+
+def helper_uses(lessons: Sequence[Lesson]) -> dict[str, list[str]]:
+    """For each helper module some lesson imports, the numbers of the lessons that import it."""
+    uses: dict[str, list[str]] = {}
+    for lesson in lessons:
+        for module in sorted(imported_modules(lesson.path)):
+            uses.setdefault(module, []).append(lesson.number)
+    return dict(sorted(uses.items()))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course_tools.catalogue",
+                                     description="The lessons' metadata: the README's table, "
+                                                 "or record a handout run's times.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("table", help="print the README's table of lessons and run times")
+    commands.add_parser("uses", help="print which lessons import each amp_tutorial module")
+    record = commands.add_parser("record", help="write a handout run's times into the headers")
+    record.add_argument("timings", type=Path, help="timings.json from `pdm run handout`")
+    args = parser.parse_args(argv)
+    lessons = find_lessons()
+    if args.command == "table":
+        print(run_time_table(lessons), end="")
+        return 0
+    if args.command == "uses":
+        for module, numbers in helper_uses(lessons).items():
+            print(f"{HELPER_PACKAGE}.{module}: lessons {', '.join(numbers)}")
+        return 0
+    timings = json.loads(args.timings.read_text())
+    by_name = {lesson.name: lesson for lesson in lessons}
+    for name, seconds in timings["seconds"].items():
+        if name in timings.get("failed", {}):
+            print(f"skipped {name}: it failed in that run")
+            continue
+        record_minutes(by_name[name].path, timings["preset"], seconds)
+        print(f"{name}: {format_minutes(seconds / 60)} at {timings['preset']!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,300 @@
+"""``pdm run handout``: the course executed at one preset and rendered to static HTML pages.
+
+Each lesson (``notebooks/NN_*.py``) is read with jupytext, executed cell by cell in a fresh
+``python3`` kernel (nbclient) whose working directory is the lessons' folder and whose environment
+sets ``AMP_TUTORIAL_PRESET``, and exported with nbconvert's ``lab`` HTML template. nbconvert and
+nbclient are the Jupyter project's own maintained renderer and executor, and already come with
+JupyterLab (through jupyter-server), so the handout adds no dependency and needs neither Node.js
+(Jupyter Book 2 / mystmd does) nor a second notebook format. The pages are self-contained: the
+figures are embedded as PNG data and the page CSS is inlined, so a learner opens them from disk
+with any browser. ``index.html`` lists every lesson with its title and how long it ran;
+``timings.json`` gives the same run times with the preset, device and torch version.
+
+Exercise cells (``course_tools.answers``) are run with their reference answer so the rest of
+the lesson has something to show, and rendered as the learner gets them: the stub with its TODO,
+without output. The code cell right after an exercise cell checks the answer; its output would
+give the answer away (the quiz checker explains each right answer), so it is left out, and a note
+under the exercise cell says so.
+
+Progress bars (``tqdm.auto``) are live widgets; a static page has no widget runtime, so their
+outputs are dropped. A lesson that raises stops the run with the lesson and cell named
+(``--keep-going`` renders the failed page with its traceback, goes on, and still exits 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import platform
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import jinja2
+import jupytext
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+from nbconvert import HTMLExporter
+from nbformat import NotebookNode
+from tqdm.auto import tqdm
+
+from amp_tutorial.presets import PRESET_ENV, VALID_NAMES
+from course_tools.answers import is_exercise, use_solutions
+from course_tools.catalogue import LESSON_GLOB, Lesson, find_lessons, notebooks_dir, select_lessons
+
+DEFAULT_PRESET = "cpu"
+DEFAULT_OUT = Path("artifacts") / "handout"
+CELL_TIMEOUT_S = 600  # per cell, as the test run's --nbval-cell-timeout
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")  # the colours of IPython's tracebacks
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"  # figures as PNG outputs
+# nbconvert's lab page, less the scripts it loads from a CDN: require.js (for widgets, dropped
+# here), MathJax (the lessons' Markdown has no LaTeX math) and mermaid (no diagrams). The page then
+# needs no network at all.
+PAGE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
+{%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+"""
+EXERCISE_NOTE = (
+    "> **Handout:** this page was run with the reference answer (`solutions/{solution}`) in "
+    "place of the cell above, so the cells below show what a correct answer gives. The checker "
+    "cell's output is left out: it would give the answer away.")
+
+
+@dataclass
+class LessonRun:
+    """What rendering one lesson gave: its run time, and the error that stopped it, if any."""
+
+    lesson: Lesson
+    seconds: float
+    error: str | None = None
+
+
+class LessonFailedError(RuntimeError):
+    """A lesson raised while it ran; the message names the lesson and the cell."""
+
+
+def kernel_env(preset: str) -> dict[str, str]:
+    """This process's environment with the preset set and matplotlib's inline backend."""
+    return {**os.environ, PRESET_ENV: preset, "MPLBACKEND": INLINE_BACKEND}
+
+
+def _describe_cell(notebook: NotebookNode, index: int) -> str:
+    code = [i for i, cell in enumerate(notebook.cells) if cell.cell_type == "code"]
+    first_line = next(iter(notebook.cells[index].source.splitlines()), "")
+    return f"code cell {code.index(index) + 1} of {len(code)} (starting {first_line!r})"
+
+
+def execute_lesson(lesson: Lesson, preset: str, timeout: int = CELL_TIMEOUT_S,
+                   keep_going: bool = False) -> tuple[NotebookNode, LessonRun]:
+    """Run the lesson top to bottom in a fresh kernel; return the executed notebook and its time.
+
+    Raises LessonFailedError at the first cell that raises, unless ``keep_going``: then the run
+    stops there too, and the returned notebook shows the traceback.
+    """
+    notebook = jupytext.read(lesson.path)
+    learner = use_solutions(notebook, lesson.path.parent.parent / "solutions")
+    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(lesson.path.parent)}},
+                            store_widget_state=False)
+    code_cells = [i for i, cell in enumerate(notebook.cells) if cell.cell_type == "code"]
+    error = None
+    start = time.perf_counter()
+    with client.setup_kernel(env=kernel_env(preset)):
+        for index in tqdm(code_cells, desc=lesson.name, unit="cell", leave=False):
+            try:
+                client.execute_cell(notebook.cells[index], index)
+            except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
+                what = f"{exc.ename}: {exc.evalue}" if isinstance(exc, CellExecutionError) \
+                    else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+                error = f"{lesson.path.name} failed in {_describe_cell(notebook, index)}: {what}"
+                if not keep_going:
+                    raise LessonFailedError(f"{error}\n\n{ANSI_ESCAPE.sub('', str(exc))}") from None
+                break
+    seconds = round(time.perf_counter() - start, 2)  # as timings.json and the index give it
+    show_learner_cells(notebook, learner)
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [o for o in cell.outputs if WIDGET_MIME not in o.get("data", {})]
+    notebook.metadata.pop("widgets", None)
+    notebook.metadata["title"] = lesson.heading
+    return notebook, LessonRun(lesson, seconds, error)
+
+
+def show_learner_cells(notebook: NotebookNode, learner: dict[int, str]) -> None:
+    """Put the learner's stub back in each exercise cell; hide the output of its checker cell."""
+    for index in sorted(learner, reverse=True):  # inserting notes shifts the later cells
+        cell = notebook.cells[index]
+        solution = cell.metadata.get("solution")
+        cell.source, cell.outputs, cell.execution_count = learner[index], [], None
+        checker = next((i for i in range(index + 1, len(notebook.cells))
+                        if notebook.cells[i].cell_type == "code"
+                        and not is_exercise(notebook.cells[i])), None)
+        outputs = notebook.cells[checker].outputs if checker is not None else []
+        if not any(output.output_type == "error" for output in outputs):  # keep a failure shown
+            outputs.clear()
+        notebook.cells.insert(index + 1, nbformat.v4.new_markdown_cell(
+            EXERCISE_NOTE.format(solution=solution)))
+
+
+def add_navigation(notebook: NotebookNode, lessons: Sequence[Lesson], lesson: Lesson) -> None:
+    """A first cell linking back to the index and to the previous and next lesson."""
+    at = lessons.index(lesson)
+    links = ["[All lessons](index.html)"]
+    if at > 0:
+        links.append(f"[← {lessons[at - 1].heading}]({lessons[at - 1].page})")
+    if at + 1 < len(lessons):
+        links.append(f"[{lessons[at + 1].heading} →]({lessons[at + 1].page})")
+    notebook.cells.insert(0, nbformat.v4.new_markdown_cell(" · ".join(links)))
+
+
+def render_page(notebook: NotebookNode) -> str:
+    """The notebook as one self-contained HTML page (JupyterLab's look, images embedded).
+
+    Output figures are always embedded (PNG data). Images that Markdown cells link to are
+    embedded only where a cell has one: nbconvert reparses such HTML blocks, which closes the
+    hints' ``<details>`` before their text, so they would show unfolded.
+    """
+    markdown = [cell.source for cell in notebook.cells if cell.cell_type == "markdown"]
+    exporter = HTMLExporter(template_name="lab", template_file="handout.html.j2",
+                            extra_loaders=[jinja2.DictLoader({"handout.html.j2": PAGE_TEMPLATE})],
+                            embed_images=any("![" in text or "<img" in text for text in markdown))
+    body, _ = exporter.from_notebook_node(notebook)
+    return body
+
+
+def _html_text(text: str) -> str:
+    """Escaped text with Markdown's `code` spans as <code>, as in the lessons' titles."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
+def format_seconds(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s" if minutes else f"{seconds:.1f} s"
+
+
+def index_html(runs: Sequence[LessonRun], preset: str, device: str, torch_version: str) -> str:
+    """The handout's front page: every lesson linked with its title and run time."""
+    rows = []
+    for run in runs:
+        status = "" if run.error is None else f'<br><strong class="failed">failed: ' \
+                                               f"{html.escape(run.error)}</strong>"
+        rows.append(f'<tr><td>{html.escape(run.lesson.number)}</td>'
+                    f'<td><a href="{html.escape(run.lesson.page)}">'
+                    f"{_html_text(run.lesson.title)}</a>{status}</td>"
+                    f'<td class="time">{format_seconds(run.seconds)}</td></tr>')
+    total = format_seconds(sum(run.seconds for run in runs))
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>Mixed precision in PyTorch: the course, executed</title>
+<style>
+body {{ font-family: system-ui, sans-serif; max-width: 60rem; margin: 2rem auto; padding: 0 1rem;
+       color: #222; }}
+table {{ border-collapse: collapse; width: 100%; }}
+th, td {{ text-align: left; padding: 0.4rem 0.6rem; border-bottom: 1px solid #ddd; }}
+td.time {{ white-space: nowrap; text-align: right; }}
+.failed {{ color: #b00; }}
+</style>
+</head>
+<body>
+<h1>Mixed precision in PyTorch: the course, executed</h1>
+<p>Every lesson below ran top to bottom at the <code>{html.escape(preset)}</code> preset on
+{html.escape(device)} with torch {html.escape(torch_version)}. Run time is each lesson's wall
+time, kernel start included; {len(runs)} lessons, {total} in all.</p>
+<table>
+<thead><tr><th>#</th><th>lesson</th><th>run time</th></tr></thead>
+<tbody>
+{chr(10).join(rows)}
+</tbody>
+</table>
+<p>Made with <code>pdm run handout --preset {html.escape(preset)}</code> on
+{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.</p>
+</body>
+</html>
+"""
+
+
+def device_and_torch() -> tuple[str, str]:
+    """The device the lessons' kernels pick (same environment, same rule) and torch's version."""
+    import torch
+
+    from amp_tutorial.device import select_device
+
+    return str(select_device()), torch.__version__
+
+
+def render_handout(out: Path, preset: str = DEFAULT_PRESET, notebooks: Path | None = None,
+                   wanted: Sequence[str] = (), keep_going: bool = False,
+                   timeout: int = CELL_TIMEOUT_S) -> list[LessonRun]:
+    """Execute and render the lessons into ``out``: one page each, index.html, timings.json."""
+    notebooks = notebooks or notebooks_dir()
+    lessons = find_lessons(notebooks)
+    if not lessons:
+        raise SystemExit(f"error: no lessons ({LESSON_GLOB}) in {notebooks}")
+    chosen = select_lessons(lessons, wanted) if wanted else lessons
+    out.mkdir(parents=True, exist_ok=True)
+    device, torch_version = device_and_torch()
+    runs = []
+    for lesson in tqdm(chosen, desc=f"handout ({preset})", unit="lesson"):
+        notebook, run = execute_lesson(lesson, preset, timeout, keep_going)
+        nbformat.write(notebook, out / f"{lesson.name}.ipynb")  # for Jupyter users
+        add_navigation(notebook, chosen, lesson)
+        (out / lesson.page).write_text(render_page(notebook), encoding="utf-8")
+        runs.append(run)
+    (out / "index.html").write_text(index_html(runs, preset, device, torch_version),
+                                    encoding="utf-8")
+    timings = {
+        "preset": preset, "device": device, "torch": torch_version,
+        "python": platform.python_version(), "machine": platform.machine(),
+        "seconds": {run.lesson.name: run.seconds for run in runs},
+        "failed": {run.lesson.name: run.error for run in runs if run.error},
+    }
+    (out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n", encoding="utf-8")
+    return runs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="pdm run handout",
+        description="Run every lesson at one preset and render the course to static HTML pages.")
+    parser.add_argument("--preset", default=DEFAULT_PRESET, choices=VALID_NAMES,
+                        help=f"problem sizes the lessons run at (default {DEFAULT_PRESET})")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"output folder (default {DEFAULT_OUT})")
+    parser.add_argument("--lessons", nargs="+", default=(), metavar="NN",
+                        help="only these lessons, by number (01 03) or file name")
+    parser.add_argument("--notebooks", type=Path, default=None,
+                        help="the lessons' folder (default: the checkout's notebooks/)")
+    parser.add_argument("--timeout", type=int, default=CELL_TIMEOUT_S,
+                        help=f"seconds one cell may run (default {CELL_TIMEOUT_S})")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="render a failing lesson with its traceback and go on (exit 1)")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    try:
+        runs = render_handout(args.out, args.preset, args.notebooks, args.lessons,
+                              args.keep_going, args.timeout)
+    except LessonFailedError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    index = (args.out / "index.html").resolve()
+    print(f"{len(runs)} lessons at the {args.preset!r} preset in "
+          f"{format_seconds(time.perf_counter() - start)}; open {index.as_uri()}")
+    failed = [run.error for run in runs if run.error]
+    for error in failed:
+        print(f"error: {error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

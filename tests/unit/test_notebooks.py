@@ -1,0 +1,47 @@
+"""The lessons as files: numbered, py:percent with the python3 kernel, and stable under a save."""
+
+import jupytext
+import pytest
+
+from conftest import is_notebook
+from course_tools.catalogue import lesson_paths
+from tests.support import NOTEBOOKS
+
+LESSONS = lesson_paths(NOTEBOOKS)
+
+
+def test_lessons_are_numbered_in_order():
+    numbers = [int(p.name[:2]) for p in LESSONS]
+    assert numbers == list(range(1, len(LESSONS) + 1))
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_saving_in_jupyterlab_rewrites_nothing(path):
+    """JupyterLab saves through jupytext; a save without edits must leave the file as it was."""
+    notebook = jupytext.read(path)
+    assert notebook.metadata["kernelspec"]["name"] == "python3"
+    assert jupytext.writes(notebook, fmt="py:percent") == path.read_text()
+
+
+TEMPLATE = NOTEBOOKS / "_template.py"
+
+
+def header(path):
+    """The jupytext header without the lesson's own ``amp_tutorial`` block (test_catalogue)."""
+    lines, skipping = [], False
+    for line in path.read_text().split("# %%")[0].splitlines():
+        if line == "#   amp_tutorial:":
+            skipping = True
+            continue
+        if skipping and line.startswith("#     "):
+            continue
+        skipping = False
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def test_the_template_has_every_lesson_header_and_is_not_collected():
+    """CONTRIBUTING.md says: copy the template. Its header must be the lessons' own."""
+    assert TEMPLATE not in LESSONS and not is_notebook(TEMPLATE)
+    assert {header(path) for path in LESSONS} == {header(TEMPLATE)}
+    assert jupytext.writes(jupytext.read(TEMPLATE), fmt="py:percent") == TEMPLATE.read_text()
