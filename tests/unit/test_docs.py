@@ -19,21 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import ROOT
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: pytest depends on tomli there
     import tomli as tomllib
 
 
-def _repo_root() -> Path:
-    """The folder with pyproject.toml above this file, wherever the test tiers put it."""
-    for folder in Path(__file__).resolve().parents:
-        if (folder / "pyproject.toml").is_file():
-            return folder
-    raise RuntimeError(f"no pyproject.toml above {__file__}")
-
-
-ROOT = _repo_root()
 README = ROOT / "README.md"
 DOCS_PAGES = sorted((ROOT / "docs").glob("*.md"))
 CHECKED = [README, ROOT / "CONTRIBUTING.md", *DOCS_PAGES]  # the Markdown a reader follows
