@@ -1,0 +1,256 @@
+# ---
+# jupyter:
+#   amp_tutorial:
+#     minutes: {}
+#     needs: any device, CPU included
+#   jupytext:
+#     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 10 · Autocast gotchas: what autocast does not do for you
+#
+# Lesson 01 showed how autocast picks a dtype per op from its lists; lesson 09 answered the
+# questions about skipped float16 steps. This lesson collects the surprises that remain once an
+# AMP loop runs, each answered by a cell that shows the behaviour on this machine and asserts it:
+# the calls autocast does not touch (in-place ops, `out=`, explicit `dtype=`), its weight-cast
+# cache and `torch.no_grad()`, autocast state and threads, and the gradient-penalty recipe with a
+# GradScaler (lesson 02).
+#
+# Sections 1 to 3 run on this device in its autocast dtype. The gradient penalty uses float16
+# with a GradScaler, on the GPU where there is one and on the CPU otherwise (CPU autocast accepts
+# float16, and `torch.amp.GradScaler("cpu")` exists; lesson 02 uses the same setup). Seeds are
+# fixed (`torch.manual_seed(0)`), so each run starts from the same numbers.
+
+# %%
+import copy
+import threading
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from IPython.display import display
+
+from amp_tutorial.data import make_problem
+from amp_tutorial.device import describe_device, select_device
+from amp_tutorial.gradients import snapshot, update_norm
+from amp_tutorial.models import ConvModel
+from amp_tutorial.presets import get_preset
+
+info = select_device()
+preset = get_preset(device_type=info.type)
+print(describe_device(info))
+print(f"preset {preset.name!r}: {preset.description}")
+torch.manual_seed(0)  # every run starts from the same numbers
+
+# %% [markdown]
+# ## 1. Calls autocast leaves alone
+#
+# The torch.amp docs ("Op-Specific Behavior") list what autocast does not touch: only
+# out-of-place ops are eligible; **in-place** ops and calls with an **`out=`** tensor run in the
+# dtype of the tensors they write to; and ops called with an **explicit `dtype=`** keep that
+# dtype. To see autocast's own decision, every call below is compared with the same call with
+# autocast off. `mm` is on autocast's lower-precision list on every device type; `prod` runs in
+# float32 everywhere too: on the float32 list of the CPU and of MPS (plain `fp32`), and on CUDA
+# and XPU on the float32-with-output-dtype list (`fp32_set_opt_dtype`), whose rule is to keep a
+# dtype the caller passed (`aten/src/ATen/autocast_mode.cpp` and `.h`).
+
+# %%
+low = info.amp_dtype
+dev = info.device
+torch.manual_seed(0)
+a, b = torch.randn(64, 64, device=dev), torch.randn(64, 64, device=dev)
+near_one = (1 + 0.01 * torch.randn(32, device=dev)).to(low)  # a product that stays in range
+
+
+def calls(autocast_on: bool) -> dict[str, torch.Tensor]:
+    with torch.autocast(info.type, dtype=low, enabled=autocast_on):
+        result = {"mm(a, b)": torch.mm(a, b)}
+        result["mm(a, b, out=fp32)"] = torch.mm(a, b, out=torch.empty(64, 64, device=dev))
+        result["c.addmm_(a, b), in place"] = a.clone().addmm_(a, b)
+        result["prod(x_low)"] = torch.prod(near_one)
+        result["prod(x_low, dtype=low)"] = torch.prod(near_one, dtype=low)
+    return result
+
+
+on, off = calls(True), calls(False)
+table = pd.DataFrame({name: {"autocast off": str(off[name].dtype), "autocast on": str(t.dtype),
+                             "same values": torch.equal(t, off[name])}
+                      for name, t in on.items()}).T
+display(table)
+
+# %%
+assert on["mm(a, b)"].dtype == low and not torch.equal(on["mm(a, b)"].float(), off["mm(a, b)"])
+assert on["mm(a, b, out=fp32)"].dtype == torch.float32  # out=: not autocast
+assert torch.equal(on["mm(a, b, out=fp32)"], off["mm(a, b, out=fp32)"])  # computed in fp32
+assert torch.equal(on["c.addmm_(a, b), in place"], off["c.addmm_(a, b), in place"])  # in place
+assert off["prod(x_low)"].dtype == low and on["prod(x_low)"].dtype == torch.float32  # fp32 list
+assert on["prod(x_low, dtype=low)"].dtype == low  # explicit dtype= wins
+
+# %% [markdown]
+# So a hand-written `out=` buffer or an in-place update inside the autocast block runs at full
+# precision (and full cost); and an explicit `dtype=` is obeyed even where autocast would have
+# chosen float32 for safety.
+#
+# ## 2. The weight-cast cache, and `torch.no_grad()` inside autocast
+#
+# Inside one autocast region, autocast casts each float32 weight to the low dtype once and reuses
+# the copy (`cached_cast` in `autocast_mode.cpp`). It caches only **leaf** float32 tensors that
+# **require grad**, i.e. parameters; other tensors are cast at every use. The cache is dropped
+# when the outermost autocast region exits. The two uses of a weight below share one cast node
+# in the autograd graph; a non-leaf copy of the same weight does not:
+
+# %%
+weight = torch.nn.Parameter(torch.randn(64, 64, device=dev))
+not_leaf = weight * 1.0
+with torch.autocast(info.type, dtype=low):
+    uses = [torch.mm(a, weight), torch.mm(b, weight), torch.mm(a, not_leaf), torch.mm(b, not_leaf)]
+cast_nodes = [u.grad_fn.next_functions[1][0] for u in uses]
+print([type(n).__name__ for n in cast_nodes])
+assert cast_nodes[0] is cast_nodes[1]  # the parameter was cast once and reused
+assert cast_nodes[2] is not cast_nodes[3]  # the non-leaf tensor was cast at each use
+with torch.autocast(info.type, dtype=low, cache_enabled=False):
+    uncached = [torch.mm(a, weight), torch.mm(b, weight)]
+assert uncached[0].grad_fn.next_functions[1][0] is not uncached[1].grad_fn.next_functions[1][0]
+
+# %% [markdown]
+# The documented caveat is what happens when part of the region runs under `torch.no_grad()`:
+# a cast made there has no autograd history, and older PyTorch releases put it in the cache
+# anyway, so a later forward in the same autocast region silently lost its gradient (PyTorch
+# issues #112583 and #158232; pull request #165068, which fixes #158232, always makes cached
+# casts with grad enabled). Measured on this torch:
+
+# %%
+layer = torch.nn.Linear(64, 64).to(dev)
+results = {}
+for cache in (True, False):
+    layer.zero_grad(set_to_none=True)
+    with torch.autocast(info.type, dtype=low, cache_enabled=cache):
+        with torch.no_grad():
+            layer(a)  # e.g. a metric or an EMA teacher, computed inside the region
+        out = layer(a)
+    out.float().sum().backward()
+    results[f"cache_enabled={cache}"] = layer.weight.grad is not None
+print(f"torch {torch.__version__}: weight gets a gradient after a no_grad forward: {results}")
+assert results["cache_enabled=False"]  # always safe
+if tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 14):
+    assert results["cache_enabled=True"]  # fixed in the torch this course pins
+
+# %% [markdown]
+# On an older torch, if `out.requires_grad` is unexpectedly False, run the `no_grad` pass outside
+# the autocast region or pass `cache_enabled=False`.
+#
+# ## 3. Autocast state belongs to the thread
+#
+# The autocast docs: "The autocast state is thread-local. If you want it enabled in a new thread,
+# the context manager or decorator must be invoked in that thread." A thread started inside an
+# autocast block runs its ops at full precision:
+
+# %%
+seen = {}
+
+
+def in_a_thread() -> None:
+    seen["enabled"] = torch.is_autocast_enabled(info.type)
+    seen["mm dtype"] = torch.mm(a, b).dtype
+    seen["default dtype"] = torch.get_autocast_dtype(info.type)
+
+
+other = torch.float16 if low == torch.bfloat16 else torch.bfloat16  # not the device default
+outer = other if other in info.amp_dtypes or info.type == "cpu" else low
+with torch.autocast(info.type, dtype=outer):
+    worker = threading.Thread(target=in_a_thread)
+    worker.start()
+    worker.join()
+    main_mm = torch.mm(a, b).dtype
+print(f"main thread: mm in {main_mm}; new thread: autocast on {seen['enabled']}, mm in "
+      f"{seen['mm dtype']}, autocast dtype if it turned autocast on: {seen['default dtype']}")
+assert main_mm == outer and not seen["enabled"] and seen["mm dtype"] == torch.float32
+
+# %% [markdown]
+# `torch.nn.DataParallel` runs each replica's forward in its own thread. Its worker
+# (`torch/nn/parallel/parallel_apply.py`) re-enters autocast itself, but passes on only whether
+# it was **enabled**, not the dtype: the replicas use the device's default autocast dtype, which
+# the thread above shows is the default (float16 on CUDA), not the one you chose. A bfloat16
+# region around a `DataParallel` model therefore runs its replicas in float16. Prefer
+# `DistributedDataParallel` with one process per GPU (lesson 11), or put
+# `@torch.autocast(device_type=..., dtype=...)` on the model's `forward`, which runs inside each
+# thread. The same goes for your own threads and thread pools.
+
+# %%
+if outer != torch.get_autocast_dtype(info.type):  # the dtype does not cross into a new thread
+    assert seen["default dtype"] != outer
+
+# %% [markdown]
+# ## 4. Gradient penalty with a GradScaler
+#
+# A gradient penalty adds the norm of the gradients to the loss, so it needs gradients *inside*
+# the step: `torch.autograd.grad(..., create_graph=True)`. With a GradScaler those gradients come
+# from the scaled loss, so they are scaled too and must be unscaled **by hand** (not with
+# `scaler.unscale_`, which works on `.grad` and the optimizer) before they enter the penalty. The
+# recipe of the torch.amp examples page ("Gradient penalty"), with a check against float32:
+
+# %%
+# float16 + GradScaler on the GPU, or on the CPU (which accepts float16 too), as in lesson 02
+fp16_device = info.device if torch.float16 in info.amp_dtypes or info.type == "cpu" else (
+    torch.device("cpu"))
+hidden = preset.hidden if fp16_device.type != "cpu" else min(preset.hidden, 16)  # see lesson 02
+small_inputs, small_targets = make_problem(32, fp16_device)
+torch.manual_seed(0)
+small_model = ConvModel(hidden, preset.n_hidden_layers).to(fp16_device)
+fp32_model = copy.deepcopy(small_model)  # the same starting weights, for the check below
+print(f"float16 + GradScaler run on {fp16_device}; network width {hidden}")
+
+# %%
+optimizer = torch.optim.Adam(small_model.parameters(), lr=1e-3)
+scaler = torch.amp.GradScaler(fp16_device.type, init_scale=2.0**10)
+params = list(small_model.parameters())
+
+optimizer.zero_grad(set_to_none=True)
+with torch.autocast(fp16_device.type, dtype=torch.float16):
+    loss = F.mse_loss(small_model(small_inputs), small_targets)
+scaled_grads = torch.autograd.grad(scaler.scale(loss), params, create_graph=True)
+inv_scale = 1.0 / scaler.get_scale()
+grads = [g * inv_scale for g in scaled_grads]  # unscaled by hand, still part of the graph
+with torch.autocast(fp16_device.type, dtype=torch.float16):
+    penalty = torch.stack([g.pow(2).sum() for g in grads]).sum().sqrt()
+    total = loss + penalty
+scaler.scale(total).backward()
+before = snapshot(params)
+scaler.step(optimizer)
+scaler.update()
+
+# %%
+# the float32 reference: the same starting weights, no autocast, no scaler
+fp32_grads = torch.autograd.grad(F.mse_loss(fp32_model(small_inputs), small_targets),
+                                 list(fp32_model.parameters()))
+fp32_penalty = torch.stack([g.pow(2).sum() for g in fp32_grads]).sum().sqrt()
+scaled_penalty = torch.stack([g.float().pow(2).sum() for g in scaled_grads]).sum().sqrt()
+print(f"penalty: fp16 recipe {penalty.item():.5g}, fp32 {fp32_penalty.item():.5g}; "
+      f"from the scaled gradients it would be {scaled_penalty.item():.5g}")
+assert torch.isclose(penalty.float(), fp32_penalty, rtol=0.05)
+assert torch.isclose(scaled_penalty / penalty.float(), torch.tensor(2.0**10), rtol=1e-2)
+assert update_norm(before, params) > 0  # the step was taken
+
+# %% [markdown]
+# Forgetting the `* inv_scale` makes the penalty `scale` times too large (65536 times at the
+# default start), and it changes as the scale changes. If a scaled gradient overflowed, the
+# penalty is inf, the total loss's gradients are inf too, and `scaler.step` skips the step as
+# usual.
+#
+# ## What to remember
+#
+# - Autocast leaves in-place ops, `out=` calls and explicit `dtype=` alone.
+# - The cast cache holds parameter casts for one autocast region; on an old torch, a `no_grad`
+#   pass inside the region could cost the next forward its gradients.
+# - Autocast state is per thread; `DataParallel` passes on only on/off, not the dtype.
+# - Gradient penalty: `autograd.grad` of the scaled loss, multiply by `1 / scaler.get_scale()`,
+#   penalty under autocast, then the usual `scaler.scale(total).backward()`, step, update.
