@@ -25,7 +25,7 @@
 # checkpoints that resume exactly, and several models or losses sharing one scaler. Each section
 # below answers one of those questions with a short example that runs here and asserts what it
 # claims. Lessons 07 (fp32 regions, custom losses and autograd functions, validation), 08
-# (migrating old code, troubleshooting) and 10 (several processes with DDP) build on these
+# (migrating old code, troubleshooting) and 11 (several processes with DDP) build on these
 # recipes.
 #
 # Every example uses the device the course package picks: on a CPU, autocast runs in bfloat16 and
