@@ -70,7 +70,7 @@ def new_model(seed: int = 0) -> nn.Module:
 # `torch.cuda.amp` / `torch.cpu.amp` spellings are deprecated aliases. The mapping:
 
 # %%
-migration = pd.DataFrame([
+renamed = [  # the deprecated torch.cuda.amp / torch.cpu.amp spellings
     ("from torch.cuda.amp import autocast; with autocast():",
      'with torch.autocast("cuda"):  (or device_type=info.type)'),
     ("torch.cuda.amp.autocast(dtype=torch.bfloat16)",
@@ -79,6 +79,10 @@ migration = pd.DataFrame([
     ("torch.cuda.amp.GradScaler()", 'torch.amp.GradScaler("cuda")'),
     ("@torch.cuda.amp.custom_fwd / custom_bwd",
      '@torch.amp.custom_fwd(device_type="cuda") / custom_bwd(device_type="cuda")'),
+]
+
+# %%
+apex = [  # NVIDIA's Apex (apex.amp), deprecated
     ('Apex: model, opt = amp.initialize(model, opt, opt_level="O1")',
      "delete it; put torch.autocast around forward + loss"),
     ('Apex: opt_level="O2" ("almost fp16": fp16 model, fp32 master weights, fp32 BatchNorm)',
@@ -93,7 +97,8 @@ migration = pd.DataFrame([
      "scaler.unscale_(opt); clip_grad_norm_(model.parameters(), max_norm)"),
     ("Apex: amp.state_dict() / amp.load_state_dict()",
      "scaler.state_dict() / scaler.load_state_dict()  (lesson 05, section 3)"),
-], columns=["old", "modern"])
+]
+migration = pd.DataFrame(renamed + apex, columns=["old", "modern"])
 migration.style.hide(axis="index").set_properties(**{"text-align": "left"})
 
 # %% [markdown]
