@@ -61,6 +61,7 @@ from amp_tutorial.autocast_policy import (
 from amp_tutorial.device import describe_device, dtype_name, select_device
 from amp_tutorial.plots import plot_dtype_ranges
 
+# %%
 torch.manual_seed(0)  # fixed seed: the numbers below are the same every run
 info = select_device()  # set AMP_TUTORIAL_DEVICE=cpu (or cuda, mps, xpu) to choose
 print(describe_device(info))
@@ -262,7 +263,7 @@ print(probed_by.to_string())
 rules
 
 # %% [markdown]
-# Read the differences before moving code between devices; the next cell asserts each one:
+# Read the differences before moving code between devices; the next two cells assert each one:
 #
 # - fp16 and bf16 get the same rules on every device; only the dtype autocast lowers to differs.
 # - Each column is what PyTorch's source registers for that device: XPU registers CUDA's lists
@@ -291,6 +292,12 @@ cpu, cuda, mps = bf16["cpu"], bf16["cuda/rocm"], bf16["mps"]
 from_header = header_policy(probes[("bf16", "cuda/rocm")])  # None without the C++ headers
 if from_header is not None:  # the ban on binary_cross_entropy is in autocast_mode.cpp
     assert {**from_header, "binary_cross_entropy": BANNED} == cuda.to_dict()
+
+# %% [markdown]
+# The first two bullets hold: one set of rules for fp16 and bf16, and each column as PyTorch's
+# source registers it for that device. The other bullets, in turn:
+
+# %%
 cuda_fp32 = ["exp", "log", "pow", "sum", "cumsum", "softmax", "layer_norm", "group_norm"]
 assert (cpu[cuda_fp32] == NO_RULE).all() and cuda[cuda_fp32].isin([FP32, FP32_OUT]).all()
 promote = {label: set(column[column == PROMOTE].index) for label, column in bf16.items()}

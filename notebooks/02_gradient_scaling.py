@@ -25,8 +25,7 @@
 # half of it (about 3e-8) rounds to zero. This lesson shows that this really happens to the
 # gradients of a real network, and how `torch.amp.GradScaler` fixes it:
 #
-# 1. measure the problem: the gradients of the course's model, computed in fp16, against fp16's
-#    smallest normal and subnormal numbers, and how many become exactly zero;
+# 1. measure the problem: how many of the course model's fp16 gradients become zero or subnormal;
 # 2. walk through one scaler step by hand: scale, backward, unscale, check, step or skip, update;
 # 3. watch the scale over many steps, with an inf injected on purpose;
 # 4. clip gradients the right way, and see what clipping scaled gradients does to SGD and to Adam;
@@ -113,10 +112,8 @@ flushed = pd.DataFrame({
     "fp16, no scaling": {"exactly zero": zero_fraction(fp16_raw)},
     f"fp16, loss x 2^{int(np.log2(SCALE))}": {"exactly zero": zero_fraction(scaled_raw)},
 }).T
-flushed["below fp16 normal"] = [
-    ((g.abs() < SMALLEST_NORMAL) & (g != 0)).float().mean().item()
-    for g in (true_grads, fp16_raw.float(), scaled_raw.float())
-]
+flushed["below fp16 normal"] = [((g.abs() < SMALLEST_NORMAL) & (g != 0)).float().mean().item()
+                                for g in (true_grads, fp16_raw.float(), scaled_raw.float())]
 print(flushed.to_string(float_format=lambda v: f"{v:.2%}"))
 
 # %%
@@ -127,10 +124,9 @@ assert flushed["below fp16 normal"].iloc[2] < flushed["below fp16 normal"].iloc[
 # %% [markdown]
 # Two losses, not one: gradients that became exactly zero, and gradients that survived only as
 # **subnormals** (below 2^-14 fp16 has fewer than its 11 significant bits, down to one at 2^-24).
-# After scaling, almost none are left in either group. The histogram shows where the true (fp32)
-# gradients sit, and the same gradients times the scale: everything below half the smallest
-# subnormal (2^-25, about 3e-8) becomes 0 in fp16, and multiplying by 2^16 slides the whole
-# distribution 16 binades to the right, into fp16's comfortable range.
+# After scaling, almost none are left in either group. The histogram shows the true gradients and
+# the same gradients times the scale: those below half the smallest subnormal (2^-25, about 3e-8)
+# become 0 in fp16; times 2^16, the whole distribution moves 16 binades up, into fp16's range.
 
 # %%
 fig = plot_gradient_magnitudes(true_grads, SCALE, f"Activation gradients of ConvModel on a "
@@ -141,12 +137,11 @@ print(f"{below:.2%} of the true gradients are below half the smallest fp16 subno
 
 # %% [markdown]
 # The two numbers agree closely: the zeros are the gradients whose true value lies below fp16's
-# reach (small differences come from the rest of the backward pass rounding in fp16).
-#
-# A flushed gradient is not noise: it is information the optimizer never sees, and the weight
-# gradients are sums of these activation gradients. Scaling does not change the update
-# (GradScaler divides by the same factor in fp32 before the optimizer step); it only moves the
-# backward pass's numbers to where fp16 can hold them.
+# reach (small differences come from the rest of the backward pass rounding in fp16). A flushed
+# gradient is not noise: it is information the optimizer never sees, and the weight gradients are
+# sums of these activation gradients. Scaling does not change the update (GradScaler divides by
+# the same factor in fp32 before the optimizer step); it only moves the backward pass's numbers to
+# where fp16 can hold them.
 #
 # ## 2. One GradScaler step, by hand
 #
@@ -160,8 +155,7 @@ print(f"{below:.2%} of the true gradients are below half the smallest fp16 subno
 # - `scaler.update()`: after a skipped step `S *= backoff_factor`; after `growth_interval` good
 #   steps in a row `S *= growth_factor`; otherwise `S` stays.
 #
-# Each call below is followed by a check of what it did. We use the preset's image and a fresh
-# model on the fp16 device.
+# Each call below is followed by a check of what it did; the model is fresh, on the fp16 device.
 
 # %%
 inputs, targets = make_problem(preset.grid, fp16_device)
@@ -169,7 +163,6 @@ model = new_model(fp16_device)
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 scaler = torch.amp.GradScaler(fp16_device.type)
 params = list(model.parameters())
-
 optimizer.zero_grad(set_to_none=True)
 with torch.autocast(fp16_device.type, dtype=torch.float16):  # forward + loss only
     loss = torch.nn.functional.mse_loss(model(inputs), targets)
@@ -275,10 +268,9 @@ assert (default.get_scale(), default.get_growth_interval()) == (2.0**16, 2000)
 display(defaults)
 
 # %% [markdown]
-# The defaults suit nearly every model. What to watch instead: if `scaler.get_scale()` keeps
-# falling towards 1, or many steps are skipped, the overflows are not rare spikes but a sign that
-# something produces inf/NaN in the forward pass (lesson 07's `autocast(enabled=False)` regions
-# and fp32 losses help there).
+# The defaults suit nearly every model. Watch instead for a `scaler.get_scale()` that keeps falling
+# towards 1, or many skipped steps: then the overflows are not rare spikes, something produces
+# inf/NaN in the forward pass (lesson 07's `autocast(enabled=False)` regions and fp32 losses help).
 #
 # ## 4. Gradient clipping: unscale first
 #
@@ -302,16 +294,15 @@ display(defaults)
 
 # %%
 ORDERS = ("unscale_ then clip", "clip then unscale_")
-CLIP_SCALE = 2.0**10
+CLIP_SCALE = 2.0**10  # fixed: train_clipped's scaler never grows it
 clip_inputs, clip_targets = make_problem(min(preset.grid, 64), fp16_device)
 
-
+# %%
 def train_clipped(optimizer_class, order: str, max_norm: float, steps: int = 1) -> pd.DataFrame:
     """fp16 AMP training from seed-0 weights, clipping in ``order``; one row per step."""
     model = new_model(fp16_device)
     optimizer = optimizer_class(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler(fp16_device.type, init_scale=CLIP_SCALE,
-                                  growth_interval=10**6)  # the scale stays fixed here
+    scaler = torch.amp.GradScaler(fp16_device.type, init_scale=CLIP_SCALE, growth_interval=10**6)
     rows = []
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)
@@ -345,7 +336,6 @@ one_step = pd.DataFrame({
     for opt in (torch.optim.SGD, torch.optim.Adam) for order in ORDERS}).T
 print(f"true gradient norm {true_norm:.4g}, max_norm {max_norm:.4g}, scale {CLIP_SCALE:g}")
 display(one_step.drop(columns="loss").style.format("{:.3g}"))
-
 for opt in ("SGD", "Adam"):
     right, wrong = one_step.loc[(opt, ORDERS[0])], one_step.loc[(opt, ORDERS[1])]
     assert np.isclose(right["optimizer got"], max_norm, rtol=1e-3)  # halved, as asked
@@ -452,11 +442,9 @@ assert not info.needs_grad_scaler(torch.bfloat16)
 #   before the step; it skips a step with inf/NaN gradients and backs the scale off, and grows it
 #   after `growth_interval` good steps. The defaults rarely need changing.
 # - Anything that touches `.grad` before the step, clipping first of all, comes after
-#   `scaler.unscale_(optimizer)`. Clipping scaled gradients makes SGD's steps
-#   `S * min(1, ||g|| / max_norm)` times too small (S when the clip would fire anyway);
-#   with Adam the steps keep their size, but the clip acts at `max_norm / S` and fires on every
-#   step.
+#   `scaler.unscale_(optimizer)`. Clipping scaled gradients makes SGD's steps too small by a factor
+#   `S * min(1, ||g|| / max_norm)` (S when the clip would fire anyway); with Adam the steps keep
+#   their size, but the clip acts at `max_norm / S` and fires on every step.
 # - bf16 has fp32's range: no scaler needed.
 #
-# **Lesson 03** trains the course model with all of this; **lesson 06** lets you write the loop
-# yourself.
+# **Lesson 03** trains the course model with all of this; **lesson 06** has you write the loop.

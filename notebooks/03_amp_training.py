@@ -57,6 +57,7 @@ from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_bars, plot_image, plot_losses, plot_outputs
 from amp_tutorial.presets import get_preset
 
+# %%
 info = select_device()
 preset = get_preset(device_type=info.type)
 print(describe_device(info))
@@ -159,6 +160,21 @@ def predict(model):
         return model(inputs).float().cpu()
 
 
+def after_training(model, amp_dtype=None):
+    """What a run reports besides losses and times: the allocator peak (read first), the bytes
+    saved for backward by one forward + loss (under autocast for AMP), and the output image."""
+    peak = peak_memory_bytes(info.device)
+
+    def forward_and_loss():
+        with torch.autocast(device_type=info.type, dtype=amp_dtype or torch.float32,
+                            enabled=amp_dtype is not None):
+            loss_fn(model(inputs), targets)
+
+    return {"peak": peak, "saved": saved_activation_bytes(forward_and_loss),
+            "prediction": predict(model)}
+
+
+# %%
 def train_fp32():
     torch.manual_seed(0)
     reset_peak_memory(info.device)
@@ -177,12 +193,10 @@ def train_fp32():
             optimizer.step()
             losses.append(loss.item())
 
-    peak = peak_memory_bytes(info.device)
-    saved = saved_activation_bytes(lambda: loss_fn(model(inputs), targets))
-    return {"timing": timer.timing, "losses": losses, "peak": peak, "saved": saved,
-            "prediction": predict(model)}
+    return {"timing": timer.timing, "losses": losses, **after_training(model)}
 
 
+# %%
 baseline_name = fp32_baseline(info)
 runs = {baseline_name: train_fp32()}
 print(f"{baseline_name}: {runs[baseline_name]['timing']}")
@@ -237,17 +251,11 @@ def train_amp(amp_dtype):
             scaler.update()  # adapt the scale factor
             losses.append(loss.item())
 
-    peak = peak_memory_bytes(info.device)
-
-    def forward_and_loss():
-        with torch.autocast(device_type=info.type, dtype=amp_dtype):
-            loss_fn(model(inputs), targets)
-
-    saved = saved_activation_bytes(forward_and_loss)
-    return {"timing": timer.timing, "losses": losses, "peak": peak, "saved": saved,
-            "scaler": scaler.is_enabled(), "prediction": predict(model)}
+    return {"timing": timer.timing, "losses": losses, "scaler": scaler.is_enabled(),
+            **after_training(model, amp_dtype)}
 
 
+# %%
 for amp_dtype in info.amp_dtypes:
     name = f"AMP {dtype_name(amp_dtype)}"
     runs[name] = train_amp(amp_dtype)

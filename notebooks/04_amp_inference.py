@@ -99,6 +99,7 @@ def make_infer_amp(amp_dtype):
     return infer_amp
 
 
+# %%
 baseline_name = fp32_baseline(info)
 candidates = {baseline_name: infer_fp32}
 candidates.update({f"AMP {dtype_name(d)}": make_infer_amp(d) for d in info.amp_dtypes})

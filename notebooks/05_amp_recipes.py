@@ -25,7 +25,7 @@
 # checkpoints that resume exactly, and several models or losses sharing one scaler. Each section
 # below answers one of those questions with a short example that runs here and asserts what it
 # claims. Lessons 07 (fp32 regions, custom losses and autograd functions, validation), 08
-# (migrating old code, troubleshooting) and 10 (several processes with DDP) build on these
+# (migrating old code, troubleshooting) and 11 (several processes with DDP) build on these
 # recipes.
 #
 # Every example uses the device the course package picks: on a CPU, autocast runs in bfloat16 and
@@ -45,6 +45,7 @@ from amp_tutorial.device import describe_device, dtype_name, select_device
 from amp_tutorial.models import ConvModel
 from amp_tutorial.presets import get_preset
 
+# %%
 info = select_device()
 preset = get_preset(device_type=info.type)
 amp_dtype = info.amp_dtype
@@ -152,6 +153,7 @@ def model_without_batchnorm() -> nn.Module:
                          nn.Conv2d(preset.hidden, 1, 1)).to(info.device)
 
 
+# %%
 def accumulated_gradients(use_amp: bool, n_micro: int) -> list[torch.Tensor]:
     """One optimizer step from ``n_micro`` micro-batches; returns the unscaled gradients."""
     model = model_without_batchnorm()
@@ -218,6 +220,7 @@ def start_run(seed: int = 0) -> dict:
     }
 
 
+# %%
 def train_steps(run: dict, n: int, use_amp: bool = True) -> list[float]:
     model, optimizer, scaler = run["model"], run["optimizer"], run["scaler"]
     losses = []
@@ -305,6 +308,7 @@ amp_losses = train_steps(amp_run, HALF, use_amp=True)
 save_checkpoint(work_dir / "amp_from_fp32.pt", amp_run["model"], amp_run["optimizer"],
                 amp_run["scaler"], step=2 * HALF)
 
+# %%
 back_to_fp32 = start_run(seed=7)
 back_to_fp32["scaler"] = torch.amp.GradScaler(info.type, enabled=False)
 load_checkpoint(work_dir / "amp_from_fp32.pt", back_to_fp32["model"], back_to_fp32["optimizer"],
@@ -350,6 +354,7 @@ scaler.step(opt_a)
 scaler.step(opt_b)
 scaler.update()
 
+# %%
 stepped_a = not same_parameters(model_a, before_a, buffers=False)
 stepped_b = not same_parameters(model_b, before_b, buffers=False)
 print(f"model a stepped: {stepped_a}; model b stepped: {stepped_b}; "

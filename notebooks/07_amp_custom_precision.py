@@ -55,6 +55,7 @@ assert amp_dtype is not None, f"{info.device} has no usable AMP with this torch;
 print(describe_device(info))
 print(f"preset {preset.name!r}: grid {preset.grid}, hidden {preset.hidden}, {preset.steps} steps")
 
+# %%
 inputs, targets = make_problem(preset.grid, info.device)
 loss_fn = nn.MSELoss()
 

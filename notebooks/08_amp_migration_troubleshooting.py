@@ -70,7 +70,7 @@ def new_model(seed: int = 0) -> nn.Module:
 # `torch.cuda.amp` / `torch.cpu.amp` spellings are deprecated aliases. The mapping:
 
 # %%
-migration = pd.DataFrame([
+renamed = [  # the deprecated torch.cuda.amp / torch.cpu.amp spellings
     ("from torch.cuda.amp import autocast; with autocast():",
      'with torch.autocast("cuda"):  (or device_type=info.type)'),
     ("torch.cuda.amp.autocast(dtype=torch.bfloat16)",
@@ -79,6 +79,10 @@ migration = pd.DataFrame([
     ("torch.cuda.amp.GradScaler()", 'torch.amp.GradScaler("cuda")'),
     ("@torch.cuda.amp.custom_fwd / custom_bwd",
      '@torch.amp.custom_fwd(device_type="cuda") / custom_bwd(device_type="cuda")'),
+]
+
+# %%
+apex = [  # NVIDIA's Apex (apex.amp), deprecated
     ('Apex: model, opt = amp.initialize(model, opt, opt_level="O1")',
      "delete it; put torch.autocast around forward + loss"),
     ('Apex: opt_level="O2" ("almost fp16": fp16 model, fp32 master weights, fp32 BatchNorm)',
@@ -86,14 +90,15 @@ migration = pd.DataFrame([
      "MixedPrecisionPolicy): 16-bit compute per module, fp32 sharded weights for the optimizer"),
     ('Apex: opt_level="O3" (pure fp16: model.half(), no master weights; a speed baseline)',
      "fp32 weights + torch.autocast (O1's replacement). Pure 16-bit weights lose small updates "
-     "(lesson 12); pure fp16 + GradScaler raises (below)"),
+     "(lesson 15); pure fp16 + GradScaler raises (below)"),
     ("Apex: with amp.scale_loss(loss, opt) as scaled: scaled.backward()",
      "scaler.scale(loss).backward(); scaler.step(opt); scaler.update()"),
     ("Apex: clip_grad_norm_(amp.master_params(opt), max_norm)",
      "scaler.unscale_(opt); clip_grad_norm_(model.parameters(), max_norm)"),
     ("Apex: amp.state_dict() / amp.load_state_dict()",
      "scaler.state_dict() / scaler.load_state_dict()  (lesson 05, section 3)"),
-], columns=["old", "modern"])
+]
+migration = pd.DataFrame(renamed + apex, columns=["old", "modern"])
 migration.style.hide(axis="index").set_properties(**{"text-align": "left"})
 
 # %% [markdown]
@@ -101,7 +106,7 @@ migration.style.hide(axis="index").set_properties(**{"text-align": "left"})
 # `apex.amp` documentation: O1 mixed precision, O2 "almost fp16", O3 pure fp16, which that
 # documentation offers as a speed baseline that may not train stably). O3 has no modern
 # equivalent to aim for: its weights are 16-bit, so an update smaller than about 1/256 (bf16) or
-# 1/2048 (fp16) of a weight rounds away and the weight never moves (lesson 12 measures it). The
+# 1/2048 (fp16) of a weight rounds away and the weight never moves (lesson 15 measures it). The
 # modern replacement is fp32 weights with autocast; pure bf16 weights (`model.to(torch.bfloat16)`,
 # no scaler) run, with that same caveat. One O3 habit fails loudly in torch.amp: a model made
 # `.half()` has fp16 gradients, and `GradScaler.step` refuses to unscale them (`unscale_` is called

@@ -18,7 +18,7 @@
 # ---
 
 # %% [markdown]
-# # 10 · AMP on several devices: DistributedDataParallel
+# # 11 · AMP on several devices: DistributedDataParallel
 #
 # Lessons 03 and 05 trained on one device, with one GradScaler, and saved checkpoints with the
 # scaler's state. This lesson scales that loop out to several processes with PyTorch's
@@ -44,7 +44,7 @@ from amp_tutorial.presets import get_preset
 
 info = select_device()
 print(describe_device(info))
-scratch = tempfile.TemporaryDirectory(prefix="amp10_")  # removed when the kernel stops
+scratch = tempfile.TemporaryDirectory(prefix="amp11_")  # removed when the kernel stops
 work_dir = Path(scratch.name)  # the DDP run writes its checkpoint and summary here
 SCRIPT = Path("../scripts/train_ddp.py").resolve()  # the course's programs sit beside notebooks/
 assert SCRIPT.is_file(), f"{SCRIPT} not found: open this lesson from the course's notebooks/ folder"

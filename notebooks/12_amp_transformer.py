@@ -4,8 +4,7 @@
 #     minutes:
 #       cpu: 7.9
 #       smoke: 1.0
-#     needs: any device, CPU included; SDPA kernels per dtype and CUDA's float32 list
-#       on an NVIDIA GPU
+#     needs: any device, CPU included; CUDA's float32 list on an NVIDIA GPU
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:
@@ -19,12 +18,15 @@
 # ---
 
 # %% [markdown]
-# # 11 · AMP on a transformer: the float32 list, attention masks and the attention kernels
+# # 12 · AMP on a transformer: what it saves, and which op runs in which dtype
 #
-# Lessons 03-10 trained a per-pixel MLP. The models people train today are transformers, where
-# AMP both pays off most and goes wrong most often: attention scores that overflow float16, masks
-# that turn into NaN, layer norm and softmax, a cross-entropy over a vocabulary, and an attention
-# kernel that is only fast in some dtypes.
+# Lessons 03-11 trained a per-pixel MLP. The models people train today are transformers, where
+# AMP both pays off most and goes wrong most often. This lesson answers the first question about
+# them: what AMP buys on a transformer, measured against fp32 with the training loop of lesson 03,
+# and which of its ops really run in low precision (the linear layers and attention, the residual
+# stream, layer norm and softmax, a cross-entropy over a vocabulary), read with the probe of
+# lesson 01. Lesson 13 continues with attention itself: scores and masks in float16, and which
+# attention kernel runs.
 #
 # We train a small decoder-only transformer (`amp_tutorial.transformer`: embeddings, causal
 # self-attention through `F.scaled_dot_product_attention`, LayerNorm, a GELU MLP, a vocabulary
@@ -37,18 +39,9 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
-from amp_tutorial.attention import attention_cost, attention_ops, backend_runs, fused_for_training
-from amp_tutorial.autocast_policy import (
-    FP32,
-    FP32_OUT,
-    NO_RULE,
-    SOURCE_POLICY,
-    autocast_policy,
-    trace_dtypes,
-)
+from amp_tutorial.attention import fused_for_training
 from amp_tutorial.device import describe_device, dtype_name, fp32_baseline, select_device
 from amp_tutorial.measure import (
     StepTimer,
@@ -63,11 +56,13 @@ from amp_tutorial.reversal_task import IGNORE_INDEX, make_transformer_problem, s
 from amp_tutorial.steps import make_sequence_train_step, sequence_accuracy
 from amp_tutorial.transformer import DecoderTransformer
 
+# %%
 info = select_device()
 preset = get_preset(device_type=info.type)
 sizes = preset.transformer
 print(describe_device(info))
 print(f"preset {preset.name!r}: {sizes}")
+torch.manual_seed(0)  # every run starts from the same numbers
 
 # %% [markdown]
 # ## The task and the model
@@ -108,6 +103,15 @@ del model, logits
 # loss and the held-out accuracy.
 
 # %%
+def saved_and_accuracy(model, amp_dtype):
+    """Bytes a trained model saves for backward in one forward + loss, and held-out accuracy."""
+    with torch.autocast(device_type=info.type, dtype=amp_dtype or torch.float32,
+                        enabled=amp_dtype is not None):
+        saved = saved_activation_bytes(lambda: sequence_loss(model(inputs), targets))
+    return {"saved": saved, "accuracy": sequence_accuracy(model, test_batches, amp_dtype)}
+
+
+# %%
 def train(amp_dtype):
     """Train a fresh, identically seeded model; amp_dtype=None is the fp32 baseline."""
     use_amp = amp_dtype is not None
@@ -118,7 +122,6 @@ def train(amp_dtype):
     scaler = torch.amp.GradScaler(info.type, enabled=use_amp and info.needs_grad_scaler(amp_dtype))
     timer = StepTimer(info.device, warmup=sizes.warmup)  # the first steps are not timed
     losses = []
-
     label = dtype_name(amp_dtype) if use_amp else fp32_baseline(info)
     for inputs, targets in tqdm(train_batches, desc=label):  # warmup + steps batches
         with timer.step():
@@ -130,12 +133,8 @@ def train(amp_dtype):
             scaler.step(optimizer)
             scaler.update()
             losses.append(loss.item())
-
-    peak = peak_memory_bytes(info.device)
-    with torch.autocast(device_type=info.type, dtype=amp_dtype or torch.float32, enabled=use_amp):
-        saved = saved_activation_bytes(lambda: sequence_loss(model(inputs), targets))
-    return {"timing": timer.timing, "losses": losses, "peak": peak, "saved": saved,
-            "accuracy": sequence_accuracy(model, test_batches, amp_dtype)}
+    return {"timing": timer.timing, "losses": losses, "peak": peak_memory_bytes(info.device),
+            **saved_and_accuracy(model, amp_dtype)}  # the peak is read first, then these
 
 
 # %%
@@ -178,21 +177,21 @@ results = pd.DataFrame({
 results.round(3)
 
 # %% [markdown]
-# Checked on every device: each run learns the task (at least the preset's accuracy on sequences
-# it never saw), AMP keeps at most 0.6 of fp32's saved-activation bytes, and its accuracy is within
-# one point of fp32's. The 0.6 holds where attention trains in a fused kernel; where SDPA falls
-# back to its math kernel for training (MPS, which has no fused kernel; ROCm GPUs without
-# AOTriton's), attention runs and saves in float32 even under autocast (section 3), and the bound
-# is 0.85. Time is reported, not asserted: `smoke` and `cpu` are too small for bf16 to
-# win, and the benchmark measures speed. On a CPU, bf16 is fast only with native bf16 instructions
-# (AVX512-BF16 or AMX). Without them there are two cases. With AVX512 (bw, vl, dq), oneDNN still
-# runs bf16 matmuls, converting to fp32 as it goes. With AVX2 only (many laptops), oneDNN's bf16
-# path is off (`mkldnn_bf16_device_check` in `aten/src/ATen/native/mkldnn/Utils.h`), and a bf16
-# matmul falls back to ATen's reference gemm. On a 2-core AVX2 EPYC that fallback ran about 4x
-# slower than fp32 for the forward `x @ W.T`, and 34x slower for the backward's `grad @ W`, so a
-# training step took about 10x as long. `get_cpu_capability()` cannot tell these cases apart (an
-# AMX CPU reports "AVX512" too), so the next cell prints what the course read from the CPU's
-# flags (`info.native_bf16`) and whether oneDNN's bf16 kernels run (`info.notes`).
+# Checked on every device: each run learns the task (at least the preset's accuracy on sequences it
+# never saw), AMP keeps at most 0.6 of fp32's saved-activation bytes, and its accuracy is within one
+# point of fp32's. The 0.6 holds where attention trains in a fused kernel; where SDPA falls back to
+# its math kernel for training (MPS, which has no fused kernel; ROCm GPUs without AOTriton's),
+# attention runs and saves in float32 even under autocast (lesson 13, section 2), and the bound is
+# 0.85. Time is reported, not asserted: `smoke` and `cpu` are too small for bf16 to win, and the
+# benchmark measures speed. On a CPU, bf16 is fast only with native bf16 instructions (AVX512-BF16
+# or AMX). Without them there are two cases. With AVX512 (bw, vl, dq), oneDNN still runs bf16
+# matmuls, converting to fp32 as it goes. With AVX2 only (many laptops), oneDNN's bf16 path is off
+# (`mkldnn_bf16_device_check` in `aten/src/ATen/native/mkldnn/Utils.h`), and a bf16 matmul falls
+# back to ATen's reference gemm. On a 2-core AVX2 EPYC that fallback ran about 4x slower than fp32
+# for the forward `x @ W.T`, and 34x slower for the backward's `grad @ W`, so a training step took
+# about 10x as long. `get_cpu_capability()` cannot tell these cases apart (an AMX CPU reports
+# "AVX512" too), so the next cell prints what the course read from the CPU's flags
+# (`info.native_bf16`) and whether oneDNN's bf16 kernels run (`info.notes`).
 
 # %%
 qkv_shape = (sizes.batch, config.n_heads, sizes.seq_len, config.d_model // config.n_heads)
@@ -237,6 +236,8 @@ fig = plot_bars(bars, f"Transformer training on {info.type}: fp32 vs AMP")
 # `_to_copy` casts autocast inserts. Here: one block, then the head and the loss, under autocast.
 
 # %%
+from amp_tutorial.autocast_policy import trace_dtypes
+
 amp_dtype = info.amp_dtype
 low = dtype_name(amp_dtype)
 probe = DecoderTransformer(config).to(info.device)
@@ -276,7 +277,7 @@ assert any(t.op == "addmm" and t.output == low for t in block_ops), "linear not 
 sdpa = [t for t in block_ops if "scaled_dot_product" in t.op]
 if fused[f"AMP {low}"]:
     assert sdpa and all(t.output == low for t in sdpa), sdpa
-else:  # the math fallback decomposes into casts, bmm and softmax, in float32 (section 3)
+else:  # the math fallback decomposes into casts, bmm and softmax, in float32 (lesson 13)
     assert [t.output for t in block_ops if t.op == "bmm"] == ["fp32", "fp32"], block_ops
 assert any(t.op == "_to_copy" and t.inputs == ("fp32",) and t.output == low
            for t in block_ops), "no cast of the weights to the low dtype"
@@ -292,6 +293,8 @@ assert logs and all(t.output == "fp32" for t in logs), "cross-entropy did not ru
 # float32 list; on CUDA `nll_loss` is, and `log_softmax` keeps the dtype it is handed.)
 
 # %%
+from amp_tutorial.autocast_policy import FP32, FP32_OUT, NO_RULE, SOURCE_POLICY, autocast_policy
+
 policy = {p.op: p for p in autocast_policy(info.type, amp_dtype)}
 for op in ("layer_norm", "softmax"):
     print(f"{info.type}: {op:10s} {low} input, autocast off -> on: {policy[op].cases['low']}"
@@ -323,180 +326,11 @@ for name, fn in {"softmax": lambda t: t.softmax(-1),
     assert err <= 2 * 2**-8, f"bf16 {name} is worse than bf16 rounding"
 
 # %% [markdown]
-# ## 3. Attention in float16: the two classic failures and their fixes
-#
-# These run with explicit float16 tensors on any device, CPU included. float16's largest finite
-# value is 65504.
-#
-# **Scores that overflow.** A score is a query-key dot product: with head dimension 64 and entries
-# of 40 (large activations happen, e.g. without normalisation) it is 64 x 40 x 40 = 102400, `inf`
-# in float16, and softmax of a row holding `inf` is NaN. Scaling the query by 1/sqrt(d) *before*
-# the product keeps it at 12800 (SDPA's math backend scales q and k before its matmul, as the
-# trace in section 4 shows); bfloat16 holds even the unscaled value.
-
-# %%
-fp16_max = torch.finfo(torch.float16).max
-q = torch.full((4, 64), 40.0)
-scores_fp16 = q.half() @ q.half().T
-print(f"unscaled fp16 score: {scores_fp16[0, 0].item()}  (float32: {(q @ q.T)[0, 0].item():.0f})")
-assert torch.isinf(scores_fp16).all() and torch.isnan(scores_fp16.softmax(-1)).all()
-scaled = (q.half() / 64**0.5) @ q.half().T
-print(f"scaled by 1/sqrt(64) first: {scaled[0, 0].item()}, softmax finite: "
-      f"{torch.isfinite(scaled.softmax(-1)).all().item()}")
-assert scaled.abs().max() < fp16_max and torch.isfinite(scaled.softmax(-1)).all()
-bf16_scores = q.bfloat16() @ q.bfloat16().T
-assert torch.isfinite(bf16_scores).all()  # bf16 reaches ~3.4e38
-print(f"unscaled bf16 score: {bf16_scores[0, 0].item():.0f}")
-
-# %% [markdown]
-# **A mask made of a large negative constant.** Many codebases hide padding or future tokens by
-# adding -1e9 (or -1e4...) to the scores. In float16, -1e9 does not exist: `masked_fill(mask,
-# -1e9)` on a float16 tensor raises a RuntimeError, and an additive mask built in float32 and cast
-# to float16 becomes `-inf`, so a fully masked row (a padded sequence) is all `-inf` and softmax
-# gives 0/0 = NaN, which spreads into the loss. The fix: the limits of the dtype you compute in,
-# `torch.finfo(scores.dtype).min` (a fully masked row becomes a harmless uniform row), or a
-# boolean mask passed to `F.scaled_dot_product_attention`, which handles masking itself.
-
-# %%
-scores = torch.tensor([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]], dtype=torch.float16)
-mask = torch.tensor([[False, True, True], [True, True, True]])  # row 2: everything masked
-try:
-    scores.masked_fill(mask, -1e9)
-    raise AssertionError("masked_fill(-1e9) on float16 did not raise")
-except RuntimeError as err:
-    print("masked_fill(mask, -1e9) on float16:", err)
-additive = torch.zeros(2, 3).masked_fill(mask, -1e9).half()  # built in fp32, cast to fp16
-print("the -1e9 mask in float16:", additive.tolist())
-broken = (scores + additive).softmax(-1)
-print("softmax with it:", broken.tolist())
-assert torch.isinf(additive[mask]).all() and torch.isnan(broken[1]).all()
-
-fixed = scores.masked_fill(mask, torch.finfo(scores.dtype).min).softmax(-1)
-print("with finfo(float16).min:", fixed.tolist())
-assert torch.isfinite(fixed).all() and fixed[0, 0] == 1  # row 1: only the open position counts
-
-# %% [markdown]
-# `-inf` itself is right for a *partly* masked row (exp(-inf) = 0) but gives NaN for a *fully*
-# masked one, in every dtype: models that can see one (padding) use `finfo(dtype).min`. In bfloat16
-# -1e9 fits (float32's range), one reason bf16 needs neither a scaler nor mask surgery.
-
-# %%
-inf_row = scores.float().masked_fill(mask, float("-inf")).softmax(-1)
-assert inf_row[0, 0] == 1 and torch.isnan(inf_row[1]).all()  # -inf: fine partly, NaN fully
-assert torch.isfinite(torch.tensor(-1e9, dtype=torch.bfloat16))
-
-# %% [markdown]
-# ## 4. Which attention kernel runs, and what the slow one costs
-#
-# `F.scaled_dot_product_attention` chooses one of the `torch.nn.attention.SDPBackend` members at
-# run time (math, flash attention, memory-efficient, cuDNN, "overrideable" for extensions). On
-# **CPU** it tries a fused flash kernel for float32, float64, bfloat16 and float16, then math
-# (`aten/src/ATen/native/transformers/sdp_utils_cpp.cpp`). On **NVIDIA GPUs** it tries flash, then
-# memory-efficient, then math; flash needs float16 or bfloat16 and compute capability 8.0 to 12.1
-# (`check_flash_attention_hardware_support` in `cuda/sdp_utils.cpp`), memory-efficient also takes
-# float32. On H100 and B200 (sm90, sm100) with a cuDNN newer than 9.15, as PyTorch's CUDA 13
-# wheels bring, cuDNN attention is tried first (`check_prefer_cudnn_attention`;
-# `TORCH_CUDNN_SDPA_DEPRIORITIZED=1` restores the old order). On ROCm the fused kernels come from
-# AOTriton, per architecture; MPS has no fused kernel for training. Two
-# checks: allow one backend with `sdpa_kernel(...)` and see it run or raise ("No viable
-# backend"), and read the kernel's op name in the profiler.
-
-# %%
-heads, head_dim = config.n_heads, config.d_model // config.n_heads
-dtypes = [torch.float32, *info.amp_dtypes]
-backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-            SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
-kernels = {}
-for dt in dtypes:
-    q, k, v = (torch.randn(qkv_shape, device=info.device, dtype=dt) for _ in range(3))
-    row = {b.name: backend_runs(b, q, k, v) for b in backends}
-    row["default kernel (profiler)"] = ", ".join(
-        op for op in attention_ops(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
-            q, k, v, is_causal=True)) if op != "aten::scaled_dot_product_attention")
-    kernels[dtype_name(dt)] = row
-kernels = pd.DataFrame(kernels).T
-kernels
-
-# %%
-assert kernels["MATH"].all()  # the fallback runs everywhere
-if info.type == "cpu":
-    assert kernels["FLASH_ATTENTION"].all() and not kernels["EFFICIENT_ATTENTION"].any()
-    assert kernels["default kernel (profiler)"].str.contains("flash_attention_for_cpu").all()
-elif info.type == "cuda" and torch.version.hip is None:
-    assert not kernels.loc["fp32", "FLASH_ATTENTION"]  # flash needs fp16/bf16 on NVIDIA
-    if torch.cuda.get_device_capability(info.device) >= (8, 0):  # and sm80 or newer
-        assert kernels.loc[dtype_name(info.amp_dtypes[0]), "FLASH_ATTENTION"]
-
-# %% [markdown]
-# **The cost of the fallback.** The math backend is attention written out: `q @ k.T`, scale,
-# mask, softmax, `@ v`. It materialises the (seq x seq) score matrix per head and saves it for
-# backward; the fused kernels do not. Measured at this preset's attention size, forward and
-# backward, the default kernel against math forced with `sdpa_kernel(SDPBackend.MATH)`
-# (`attention_cost` from `amp_tutorial.attention` times it and counts the saved bytes):
-
-# %%
-cost = pd.DataFrame({
-    f"{dtype_name(dt)} {name}": attention_cost(backend, qkv_shape, dt, info.device,
-                                               steps=max(3, sizes.steps // 4))
-    for dt in dtypes for name, backend in (("default", None), ("math", SDPBackend.MATH))}).T
-cost.round(3)
-
-# %%
-score_elements = sizes.batch * heads * sizes.seq_len**2  # one (seq x seq) matrix per head
-for dt in dtypes:
-    d = dtype_name(dt)
-    fused, math = cost.loc[f"{d} default"], cost.loc[f"{d} math"]
-    saved_x = math["saved for backward (MB)"] / fused["saved for backward (MB)"]
-    time_x = math["time fwd+bwd median (ms)"] / fused["time fwd+bwd median (ms)"]
-    print(f"{d}: math keeps {saved_x:.2f}x the bytes of the default kernel and takes {time_x:.2f}x "
-          f"its time")
-    element = torch.finfo(dt).bits // 8
-    assert math["saved for backward (MB)"] * 2**20 >= score_elements * element  # the matrix
-    default_fused = fused.get(f"AMP {d}") if dt != torch.float32 else fused_for_training(
-        qkv_shape, dt, info.device)
-    if sizes.seq_len > 2 * head_dim and default_fused:  # the score matrix outweighs the rest
-        assert saved_x > 1, f"{d}: math did not keep more than the fused kernel"
-
-# %% [markdown]
-# The score matrix grows with seq², what a fused kernel keeps (q, k, v, output, one log-sum-exp
-# per row) with seq x head_dim: the gap widens with longer sequences (at `smoke`, sequence 16 and
-# head dimension 32, the fused kernel even keeps more; where the default *is* math, the two are the
-# same). The trace below shows that the math backend computes low-precision attention in
-# **float32**: it casts q, k and v up,
-# runs matmuls and softmax in float32 and casts the result back, losing AMP's speed *and* memory
-# saving (`_scaled_dot_product_attention_math` in `aten/src/ATen/native/transformers/attention.cpp`)
-# unless `torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)` allows fp16/bf16 (a beta
-# flag that, despite its module, applies on every device). MPS is the exception for inference:
-# where no input needs a gradient, its math case calls its own Metal kernel,
-# `_scaled_dot_product_attention_math_for_mps`, which stays in the input dtype (`attention.cpp`).
-
-# %%
-q, k, v = (torch.randn(qkv_shape, device=info.device, dtype=amp_dtype) for _ in range(3))
-with sdpa_kernel(SDPBackend.MATH):
-    math_ops = trace_dtypes(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-print([f"{t.op}->{t.output}" for t in math_ops])
-if info.type == "mps":  # no gradient: MPS's own kernel, in the input dtype
-    assert any("math_for_mps" in t.op and t.output == low for t in math_ops), math_ops
-elif not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed():  # the default
-    assert [t.output for t in math_ops if t.op == "bmm"] == ["fp32", "fp32"]
-    assert math_ops[-1].op == "_to_copy" and math_ops[-1].output == low
-
-# %% [markdown]
 # ## What to remember
 #
 # - Autocast lowers the matmuls (linear, attention); a pre-norm transformer keeps its residual
 #   stream, layer norms and loss in float32. On CUDA autocast itself runs layer norm and
 #   `nll_loss` in float32, but cross-entropy's log-softmax keeps a 16-bit input's dtype: cast the
 #   logits with `.float()` before the loss. On CPU only the loss is on the float32 list.
-# - In float16: scale before the product, never build masks from constants float16 cannot hold,
-#   use `torch.finfo(dtype).min` where a row can be fully masked, or switch to bfloat16.
-# - Check which attention kernel runs (`sdpa_kernel` + the profiler): the math fallback stores the
-#   full score matrix and costs time (and by default it computes in float32); on NVIDIA, flash
-#   attention needs float16 or bfloat16 and an Ampere or newer GPU.
 # - `pdm run bench --model transformer` measures this lesson's fp32-vs-AMP comparison with the
 #   same code.
-#
-# **Troubleshooting.** `value cannot be converted to type c10::Half without overflow`: a mask
-# constant that float16 cannot hold (use `finfo(dtype).min`). NaN loss from the first fp16 step with
-# no scaler skip: look for a fully masked attention row. "Flash attention kernel not used because":
-# the warning lists the reasons (dtype, head dimension, mask, dropout).

@@ -18,17 +18,15 @@
 # ---
 
 # %% [markdown]
-# # 12 · torch.compile with AMP, and why pure bf16 is not AMP
+# # 14 · torch.compile with AMP: what it sees, and what it changes
 #
-# Once AMP works, two questions come next, and each gets a measurement here:
-#
-# 1. Does `torch.compile` add to AMP, and what does it change?
-# 2. Why not simply cast the whole model to bf16 (`model.to(torch.bfloat16)`)?
+# Once AMP works, the next question is whether `torch.compile` adds to it, and what it changes.
+# This lesson looks at the graph compile captures from an autocast region, then measures eager
+# and compiled training, fp32 and AMP, side by side.
 #
 # Both course models take part: the 1x1-conv `ConvModel` of lessons 03-06 and the small
-# decoder-only transformer of lesson 11 (sequence reversal). Sizes come from the preset; seeds
-# are fixed. Lesson 13 goes one format further (FP8) and shows how to see which ops really ran
-# in low precision.
+# decoder-only transformer of lesson 12 (sequence reversal). Sizes come from the preset; seeds
+# are fixed. Lesson 15 asks why one would not simply cast the whole model to bf16.
 
 # %%
 import os
@@ -41,26 +39,22 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from tqdm.auto import tqdm
 
 from amp_tutorial.device import describe_device, dtype_name, select_device
-from amp_tutorial.measure import StepTimer, fresh_compile_cache, time_steps
+from amp_tutorial.measure import StepTimer, fresh_compile_cache
 from amp_tutorial.models import course_models
-from amp_tutorial.plots import plot_bars, plot_losses
+from amp_tutorial.plots import plot_bars
 from amp_tutorial.presets import get_preset
 
 info = select_device()
 preset = get_preset(device_type=info.type)
-# section 1 compares with the device's AMP dtype where bf16 is not offered (a pre-Ampere GPU);
-# section 2 is about bf16 weights and needs bf16 tensors, which CPUs and CUDA GPUs (emulated on
-# pre-Ampere ones) always have, other devices only where bf16 is offered
+# bf16 where the device offers it, else the device's AMP dtype (a pre-Ampere GPU: fp16)
 LOW = torch.bfloat16 if torch.bfloat16 in info.amp_dtypes else info.amp_dtype
 assert LOW is not None, "this device/torch has no usable autocast dtype"
-assert torch.bfloat16 in info.amp_dtypes or info.type in ("cpu", "cuda"), (
-    f"{info.type} offers no bf16 here (see the device line); run this lesson with "
-    "AMP_TUTORIAL_DEVICE=cpu")
 print(describe_device(info))
 print(f"preset {preset.name!r}; low-precision dtype for this lesson: {dtype_name(LOW)}")
+torch.manual_seed(0)  # every run starts from the same numbers
 
 # %% [markdown]
-# The two models and their data. The transformer is lesson 11's, at the preset's sizes
+# The two models and their data. The transformer is lesson 12's, at the preset's sizes
 # (`make_transformer_problem`), trained here on one fixed batch: compile and precision are what
 # change between runs, not the data.
 
@@ -73,9 +67,7 @@ print(f"ConvModel: {preset.grid}x{preset.grid} image, hidden {preset.hidden}; tr
       f"{tokens.shape[0]} x {tokens.shape[1]} tokens")
 
 # %% [markdown]
-# ## 1. torch.compile with AMP
-#
-# ### What compile sees
+# ## 1. What compile sees
 #
 # `torch.compile` captures the Python code as a graph (TorchDynamo), turns the forward and the
 # backward into graphs of ATen ops (AOTAutograd), and hands them to a code generator (Inductor,
@@ -118,7 +110,7 @@ assert traced.loc["_to_copy", "autocast on"] > traced.loc["_to_copy", "autocast 
 assert traced.loc["convolution", "autocast on"] == traced.loc["convolution", "autocast off"]
 
 # %% [markdown]
-# ### Eager and compiled, fp32 and AMP, side by side
+# ## 2. Eager and compiled, fp32 and AMP, side by side
 #
 # Compiling happens on the first call, so that call is timed on its own and reported as the
 # compile time (first call minus a median step); the step times come from the calls after it.
@@ -159,7 +151,6 @@ def train(model_name, amp_dtype, compiled, steps):
     label = f"{'compiled' if compiled else 'eager'} {dtype_name(amp_dtype)}"
     timer = StepTimer(info.device, warmup=max(preset.warmup, 1))  # the first step compiles
     losses = []
-
     for _ in tqdm(range(timer.warmup + steps), desc=f"{model_name} {label}"):
         with timer.step():
             optimizer.zero_grad(set_to_none=True)
@@ -170,7 +161,6 @@ def train(model_name, amp_dtype, compiled, steps):
             scaler.step(optimizer)
             scaler.update()
             losses.append(loss.item())
-
     timing, first = timer.timing, timer.warmup_samples[0]
     return {"model": model_name, "run": label, "timing": timing, "losses": losses,
             "compile_s": first - timing.median if compiled else float("nan")}
@@ -245,173 +235,8 @@ fig = plot_bars({f"{m} (ms/step)": table.loc[m, "ms/step (median)"].to_dict() fo
 # The benchmark does the same for the ConvModel: `pdm run bench --compile` adds a compiled row
 # per precision, with the compile time in its own column.
 #
-# ## 2. Pure bf16 is not AMP
-#
-# `model.to(torch.bfloat16)` with an ordinary optimizer runs every matmul in bf16, like AMP, but
-# it also stores the **weights** in bf16. bf16 keeps 8 significant bits: between 1 and 2 its
-# numbers are 2^-7 = 0.0078 apart (2^-8 just below 1), so adding anything smaller than half that
-# gap to a weight near 1.0 rounds back to the same weight. The update is **lost**.
-
-# %%
-one = torch.tensor(1.0)
-for update in (1e-2, 1e-3, 1e-4):
-    print(f"1.0 - {update:g}: fp32 -> {(one - update).item():.6f}, "
-          f"bf16 -> {(one.bfloat16() - update).item():.6f}")
-assert (one.bfloat16() - 1e-3) == 1.0 and (one - 1e-3) != 1.0
-assert torch.finfo(torch.bfloat16).eps == 2**-7
-
-# %% [markdown]
-# Adam's first step moves every weight by about the learning rate (1e-3 here) against its
-# gradient. In a pure-bf16 ConvModel, how many of those updates survive? BatchNorm's weights
-# start at exactly 1.0, so we expect all of theirs to vanish; the rest depends on each weight's
-# size.
-
-# %%
-def pure_bf16_model():
-    return make_conv().to(torch.bfloat16)
-
-
-def lost_update_share(model, optimizer, x, y):
-    """One plain training step; returns the share of weights with a gradient that did not move."""
-    before = [p.detach().clone() for p in model.parameters()]
-    optimizer.zero_grad(set_to_none=True)
-    F.mse_loss(model(x), y).backward()
-    had_grad = [p.grad != 0 for p in model.parameters()]
-    optimizer.step()
-    lost = sum(((p == b) & g).sum().item()
-               for p, b, g in zip(model.parameters(), before, had_grad, strict=True))
-    return lost / sum(g.sum().item() for g in had_grad)
-
-
-bf16_in, bf16_target = image_in.bfloat16(), image_target.bfloat16()
-model = pure_bf16_model()
-bn_weight_before = model.layers[1].weight.detach().clone()
-optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-share = lost_update_share(model, optimizer, bf16_in, bf16_target)
-print(f"pure bf16, Adam lr 1e-3: {share:.1%} of the weight updates in the first step were lost")
-print(f"BatchNorm weights unchanged: {torch.equal(model.layers[1].weight, bn_weight_before)}")
-assert torch.equal(model.layers[1].weight, bn_weight_before)  # 1.0 - 1e-3 rounds to 1.0
-assert share > 0.01
-
-# %% [markdown]
-# **Optimizer state** is created like the parameters, so Adam's two moving averages are bf16 too:
-# half the bytes of AMP's fp32 state, and the same rounding applies to every update of them.
-
-# %%
-state = optimizer.state[model.layers[0].weight]
-print({k: v.dtype for k, v in state.items() if torch.is_tensor(v)})
-assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.bfloat16
-
-# %% [markdown]
-# Now train both ways for the preset's number of steps, counting the lost updates at every step
-# of the pure-bf16 run: AMP (fp32 weights, bf16 matmuls under autocast) against pure bf16.
-
-# %%
-def train_amp_bf16():
-    model = make_conv()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    losses = []
-    for _ in range(preset.steps):
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(info.type, dtype=torch.bfloat16):
-            loss = F.mse_loss(model(image_in), image_target)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return model, optimizer, losses
-
-
-def train_pure_bf16():
-    model = pure_bf16_model()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    losses, lost = [], []
-    for _ in range(preset.steps):
-        with torch.no_grad():
-            losses.append(F.mse_loss(model(bf16_in), bf16_target).float().item())
-        lost.append(lost_update_share(model, optimizer, bf16_in, bf16_target))
-    return model, optimizer, losses, lost
-
-# %%
-def training_bytes_per_weight(model, optimizer):
-    """Bytes held per weight after a step: the weight, its gradient and Adam's two averages."""
-    held = 0
-    for p in model.parameters():
-        state = [v for v in optimizer.state[p].values()
-                 if torch.is_tensor(v) and v.shape == p.shape]
-        held += sum(t.numel() * t.element_size() for t in (p, p.grad, *state))
-    return held / sum(p.numel() for p in model.parameters())
-
-
-amp_model, amp_optimizer, amp_losses = train_amp_bf16()
-pure_model, pure_optimizer, pure_losses, lost_shares = train_pure_bf16()
-print(f"final loss: AMP bf16 {amp_losses[-1]:.4f}, pure bf16 {pure_losses[-1]:.4f}; "
-      f"lost updates per step in pure bf16: {min(lost_shares):.1%} to {max(lost_shares):.1%} "
-      f"(mean {sum(lost_shares) / len(lost_shares):.1%})")
-assert amp_model.layers[0].weight.dtype == torch.float32  # AMP never touched the stored weights
-assert min(lost_shares) > 0
-per_weight = {"AMP bf16": training_bytes_per_weight(amp_model, amp_optimizer),
-              "pure bf16": training_bytes_per_weight(pure_model, pure_optimizer)}
-print(f"bytes per weight (weight + gradient + Adam's exp_avg, exp_avg_sq): {per_weight}")
-assert per_weight == {"AMP bf16": 16, "pure bf16": 8}
-fig = plot_losses({"AMP bf16 (fp32 weights)": amp_losses, "pure bf16 (bf16 weights)": pure_losses},
-                  "Training loss: AMP against model.to(bfloat16)")
-
-# %% [markdown]
-# This is why AMP keeps **fp32 master weights**: autocast casts a weight to bf16 only as the input
-# of one matmul, while the stored weight, its gradient and the optimizer state stay fp32, so
-# thousands of small updates add up instead of rounding away. The price is memory: with Adam,
-# 16 bytes per weight (fp32 weight, fp32 gradient and two fp32 moving averages) against 8 in
-# pure bf16, as measured above. Pure bf16 training can work with care
-# (larger learning rates, or optimizers that compensate the rounding), but it is not a switch.
-#
-# ### When pure bf16 is right: inference
-#
-# A trained model never updates its weights again, so nothing can be lost. Cast it **once**: the
-# weights take half the memory, and no per-call casts are left (autocast casts the fp32 weights
-# again on every forward).
-
-# %%
-def inference_timing(model, x, amp_dtype):
-    model.eval()
-
-    def step(i):
-        with torch.inference_mode(), torch.autocast(info.type, dtype=amp_dtype or torch.float32,
-                                                     enabled=amp_dtype is not None):
-            return model(x)
-
-    return time_steps(step, preset.inference_steps, info.device, preset.warmup,
-                      desc="inference", progress=False, keep_all=False)[0]
-
-
-def weight_bytes(model):
-    return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
-# %%
-fp32_bytes = weight_bytes(amp_model)
-with torch.inference_mode():
-    reference = amp_model.eval()(image_in).float()
-t_fp32 = inference_timing(amp_model, image_in, None)
-t_autocast = inference_timing(amp_model, image_in, torch.bfloat16)
-cast_once = amp_model.to(torch.bfloat16)  # in place: the fp32 copy is gone
-t_cast = inference_timing(cast_once, bf16_in, None)
-with torch.inference_mode():
-    max_diff = (cast_once(bf16_in).float() - reference).abs().max().item()
-inference = pd.DataFrame({
-    "ms/forward": {"fp32": t_fp32.median * 1e3, "autocast bf16": t_autocast.median * 1e3,
-                   "cast once to bf16": t_cast.median * 1e3},
-    "weights (KB)": {"fp32": fp32_bytes / 1024, "autocast bf16": fp32_bytes / 1024,
-                     "cast once to bf16": weight_bytes(cast_once) / 1024}})
-print(f"largest difference from the fp32 prediction: {max_diff:.4f} (targets lie in [0, 1])")
-assert weight_bytes(cast_once) * 2 == fp32_bytes
-assert max_diff < 0.1
-inference.round(3)
-
-# %% [markdown]
 # ## What to remember
 #
 # - `torch.compile` and AMP combine: autocast's casts become graph nodes that Inductor fuses into
 #   the neighbouring elementwise kernels. Report the compile time apart from the step time, and
 #   measure: it helps the elementwise-heavy ConvModel more than a matmul-bound transformer.
-# - `model.to(torch.bfloat16)` is not AMP: updates smaller than half a bf16 step vanish, and the
-#   optimizer state is bf16 too. AMP keeps fp32 master weights. For inference, cast once.

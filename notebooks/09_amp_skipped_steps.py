@@ -1,0 +1,220 @@
+# ---
+# jupyter:
+#   amp_tutorial:
+#     minutes:
+#       cpu: 0.4
+#       smoke: 0.4
+#     needs: any device, CPU included
+#   jupytext:
+#     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 09 · Skipped steps: why GradScaler skips float16 steps, and what its scale tells you
+#
+# Lesson 02 showed what the GradScaler does and lesson 03 put it in a training loop. Once such a
+# loop runs, the questions people ask most are about the steps it skips: why the first float16
+# steps are skipped, where the warning "Detected call of `lr_scheduler.step()` before
+# `optimizer.step()`" comes from, how to notice a skipped step, how to log the scale, and what a
+# collapsing scale means. Each is answered by a cell that shows the behaviour on this machine and
+# asserts it. (Lesson 10 covers the calls autocast itself leaves alone.)
+#
+# float16 with a GradScaler runs on the GPU where there is one, and on the CPU otherwise (CPU
+# autocast accepts float16, and `torch.amp.GradScaler("cpu")` exists; lesson 02 uses the same
+# setup). Seeds are fixed (`torch.manual_seed(0)`), so each run starts from the same weights.
+
+# %%
+import warnings
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from IPython.display import display
+
+from amp_tutorial.data import make_problem
+from amp_tutorial.device import describe_device, select_device
+from amp_tutorial.gradients import snapshot, update_norm
+from amp_tutorial.models import ConvModel
+from amp_tutorial.presets import get_preset
+
+info = select_device()
+preset = get_preset(device_type=info.type)
+print(describe_device(info))
+print(f"preset {preset.name!r}: {preset.description}")
+torch.manual_seed(0)  # every run starts from the same numbers
+
+# %%
+fp16_device = info.device if torch.float16 in info.amp_dtypes or info.type == "cpu" else (
+    torch.device("cpu"))
+hidden = preset.hidden if fp16_device.type != "cpu" else min(preset.hidden, 16)  # see lesson 02
+inputs, targets = make_problem(preset.grid, fp16_device)
+print(f"float16 + GradScaler run on {fp16_device}; network width {hidden}")
+
+
+def new_model() -> torch.nn.Module:
+    torch.manual_seed(0)  # the same weights every time
+    return ConvModel(hidden, preset.n_hidden_layers).to(fp16_device)
+
+
+# %% [markdown]
+# ## 1. Skipped steps and learning-rate schedulers
+#
+# `GradScaler` starts at a scale of 2^16 = 65536 on purpose: too large is cheap (the step is
+# skipped and the scale halves), too small would flush gradients for thousands of steps. So the
+# first step or two of a float16 run are often skipped. A skipped step means `scaler.step` does
+# **not** call `optimizer.step()`. A learning-rate scheduler that is stepped every iteration
+# notices: on its first `scheduler.step()` it checks whether `optimizer.step()` has run yet, and
+# warns if not (`torch/optim/lr_scheduler.py`). That is the famous warning; it does not mean
+# your loop is in the wrong order.
+#
+# `train_with_scheduler` below is a normal AMP loop with a scheduler. Per step it logs the scale
+# the step used, whether the step was skipped, and the learning rate. A skipped step is detected
+# the cheap way, from the scale: `scaler.update()` lowers it only after a skipped step. (If the
+# first step does not overflow by itself on this device and size, the loop puts an inf into one
+# gradient at step 0, as an overflow would.)
+
+# %%
+N_STEPS = 8
+
+
+def amp_step(model, optimizer, scaler, step: int) -> dict:
+    """One fp16 AMP step; returns what the log records about it."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(fp16_device.type, dtype=torch.float16):
+        loss = F.mse_loss(model(inputs), targets)
+    scaler.scale(loss).backward()
+    overflowed = not all(torch.isfinite(p.grad).all() for p in model.parameters())
+    if step == 0 and not overflowed:
+        next(model.parameters()).grad.view(-1)[0] = float("inf")  # an overflow, forced
+    scale_used = scaler.get_scale()
+    before = snapshot(model.parameters())
+    scaler.step(optimizer)
+    scaler.update()
+    skipped = scaler.get_scale() < scale_used  # the scale went down: the step was skipped
+    return {"step": step, "scale used": scale_used, "skipped": skipped,
+            "weights moved": update_norm(before, model.parameters()) > 0,
+            "natural overflow": overflowed, "lr of the step": optimizer.param_groups[0]["lr"]}
+
+
+# %%
+def train_with_scheduler(step_scheduler_when_skipped: bool) -> tuple[pd.DataFrame, list[str]]:
+    """fp16 AMP training with a StepLR scheduler; returns the per-step log and the warnings."""
+    model = new_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
+    scaler = torch.amp.GradScaler(fp16_device.type)  # default init_scale: 65536
+    log = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(N_STEPS):
+            log.append(amp_step(model, optimizer, scaler, step))
+            if step_scheduler_when_skipped or not log[-1]["skipped"]:
+                scheduler.step()
+    return pd.DataFrame(log).set_index("step"), [str(w.message) for w in caught]
+
+
+# %%
+naive_log, naive_warnings = train_with_scheduler(step_scheduler_when_skipped=True)
+display(naive_log)
+for message in naive_warnings:
+    print("warning:", message[:110], "...")
+
+# %%
+SCHEDULER_WARNING = "Detected call of `lr_scheduler.step()` before `optimizer.step()`"
+assert naive_log.loc[0, "skipped"]  # the first step was skipped ...
+assert any(SCHEDULER_WARNING in m for m in naive_warnings)  # ... so the scheduler warned
+assert (naive_log["skipped"] != naive_log["weights moved"]).all()  # scale down <=> no update
+n_skipped = int(naive_log["skipped"].sum())
+print(f"{n_skipped} of {N_STEPS} steps skipped; first step's overflow was "
+      f"{'natural' if naive_log.loc[0, 'natural overflow'] else 'forced'}")
+
+# %% [markdown]
+# The warning is the scheduler's, and here it is mostly harmless: the schedule simply runs
+# `n_skipped` steps ahead of the weights, because it also counted the steps that did nothing.
+# For a long cosine or step schedule that is noise. Where the first steps matter (a short
+# warm-up), step the scheduler only when the optimizer really stepped, which the scale tells you:
+
+# %%
+fixed_log, fixed_warnings = train_with_scheduler(step_scheduler_when_skipped=False)
+assert not any(SCHEDULER_WARNING in m for m in fixed_warnings)
+real_steps = (~fixed_log["skipped"]).cumsum()  # optimizer steps taken so far
+lr_expected = 1e-3 * 0.9 ** (real_steps - (~fixed_log["skipped"]).astype(int))
+assert np.allclose(fixed_log["lr of the step"], lr_expected)  # the lr follows real steps only
+print(fixed_log[["scale used", "skipped", "lr of the step"]].to_string())
+
+# %% [markdown]
+# The `scale used` column is also the thing to **log** in a real run (next to the loss, every N
+# steps): `scaler.get_scale()` is a cheap float. A healthy float16 run backs off a few times at
+# the start, then holds or slowly grows (by 2x after `growth_interval`, 2000 good steps in a
+# row). Skips are rare, isolated, and the scale settles far above 1.
+#
+# ## 2. A collapsing scale
+#
+# A scale that keeps falling is the signature of a different problem: the forward pass produces
+# inf or NaN at **every** step, so every step is skipped and the scale halves each time. Here the
+# inputs are not normalised (multiplied by 10^5), so float16 activations overflow (float16's
+# largest value is 65504):
+
+# %%
+COLLAPSE_STEPS = 30
+model = new_model()
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+scaler = torch.amp.GradScaler(fp16_device.type)
+small_inputs, small_targets = make_problem(32, fp16_device)
+bad_inputs = small_inputs * 1e5  # un-normalised data
+start = snapshot(model.parameters())
+scales, finite_losses = [], []
+for _ in range(COLLAPSE_STEPS):
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(fp16_device.type, dtype=torch.float16):
+        loss = F.mse_loss(model(bad_inputs), small_targets)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    scales.append(scaler.get_scale())
+    finite_losses.append(bool(torch.isfinite(loss)))
+
+# %%
+print(f"scale after {COLLAPSE_STEPS} steps: {scales[-1]:.3g}; finite losses: {sum(finite_losses)}")
+assert not any(finite_losses)  # the loss itself is not finite: a forward-pass problem
+assert scales[-1] == 2.0**16 * 0.5**COLLAPSE_STEPS < 1e-4  # halved at every single step
+assert update_norm(start, model.parameters()) == 0.0  # and the model never trained
+
+fig, ax = plt.subplots(figsize=(8, 3.5))
+ax.plot(range(1, N_STEPS + 1), np.log2(naive_log["scale used"].to_numpy() / 2), marker="o",
+        label="healthy run (normal inputs)")
+ax.plot(range(1, COLLAPSE_STEPS + 1), np.log2(scales), marker=".",
+        label="collapsing run (inf in every forward pass)")
+ax.set(title="GradScaler scale after each step", xlabel="training step",
+       ylabel="scale (log2)")
+ax.legend(fontsize=8)
+ax.grid(alpha=0.3)
+fig.tight_layout()
+
+# %% [markdown]
+# (The healthy curve is drawn from the `scale used` log shifted by one step, close enough for a
+# picture.) Lowering the scale can fix an overflow **in the gradients**; it cannot fix an inf in
+# the **loss**, which is computed before any scaling. So: if `scaler.get_scale()` falls below
+# about 1 and keeps falling, stop and look at the forward pass (lesson 08's "The loss is inf or
+# NaN" section finds the first module that produced it); typical causes are unnormalised inputs,
+# a large logit exponentiated in float16, or a division by a tiny number. Checking
+# `torch.isfinite(loss)` each step catches it on the first step instead of the hundredth.
+#
+# ## What to remember
+#
+# - The first float16 steps are often skipped while the scale finds its level; a scheduler
+#   stepped every iteration then warns "Detected call of `lr_scheduler.step()` before
+#   `optimizer.step()`". Usually harmless; to keep the schedule aligned, step it only when
+#   `scaler.get_scale()` did not go down.
+# - Log `scaler.get_scale()`. A few early drops are normal; a scale that keeps halving means the
+#   forward pass makes inf/NaN every step: check `torch.isfinite(loss)` and fix the cause.

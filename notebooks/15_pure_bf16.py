@@ -1,0 +1,221 @@
+# ---
+# jupyter:
+#   amp_tutorial:
+#     minutes: {}
+#     needs: any device, CPU included
+#   jupytext:
+#     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 15 · Pure bf16 is not AMP: what `model.to(torch.bfloat16)` loses, and when it is right
+#
+# Lesson 03 trained the 1x1-conv `ConvModel` with AMP: fp32 weights, bf16 (or fp16) matmuls under
+# autocast. Why not simply cast the whole model to bf16 instead? This lesson measures what that
+# costs in training (lost weight updates, bf16 optimizer state), what AMP's fp32 master weights
+# cost in memory, and where casting once is the right choice: inference, served under autocast
+# in lesson 04. bf16's 8 significant bits are lesson 01's.
+#
+# The model and its data are lesson 03's at the preset's sizes (`course_models`, shared with the
+# benchmark). Seeds are fixed, so every run starts from the same weights.
+
+# %%
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from amp_tutorial.device import describe_device, select_device
+from amp_tutorial.measure import time_steps
+from amp_tutorial.models import course_models
+from amp_tutorial.plots import plot_losses
+from amp_tutorial.presets import get_preset
+
+info = select_device()
+preset = get_preset(device_type=info.type)
+# bf16 weights need bf16 tensors, which CPUs and CUDA GPUs (emulated on pre-Ampere ones) always
+# have, other devices only where bf16 is offered
+assert torch.bfloat16 in info.amp_dtypes or info.type in ("cpu", "cuda"), (
+    f"{info.type} offers no bf16 here (see the device line); run this lesson with "
+    "AMP_TUTORIAL_DEVICE=cpu")
+print(describe_device(info))
+print(f"preset {preset.name!r}: {preset.description}")
+torch.manual_seed(0)  # every run starts from the same numbers
+make_conv, image_in, image_target, _ = course_models(preset, info.device)["ConvModel"]
+
+# %% [markdown]
+# ## 1. Updates that round away
+#
+# `model.to(torch.bfloat16)` with an ordinary optimizer runs every matmul in bf16, like AMP, but
+# it also stores the **weights** in bf16. bf16 keeps 8 significant bits: between 1 and 2 its
+# numbers are 2^-7 = 0.0078 apart (2^-8 just below 1), so adding anything smaller than half that
+# gap to a weight near 1.0 rounds back to the same weight. The update is **lost**.
+
+# %%
+one = torch.tensor(1.0)
+for update in (1e-2, 1e-3, 1e-4):
+    print(f"1.0 - {update:g}: fp32 -> {(one - update).item():.6f}, "
+          f"bf16 -> {(one.bfloat16() - update).item():.6f}")
+assert (one.bfloat16() - 1e-3) == 1.0 and (one - 1e-3) != 1.0
+assert torch.finfo(torch.bfloat16).eps == 2**-7
+
+# %% [markdown]
+# Adam's first step moves every weight by about the learning rate (1e-3 here) against its
+# gradient. In a pure-bf16 ConvModel, how many of those updates survive? BatchNorm's weights
+# start at exactly 1.0, so we expect all of theirs to vanish; the rest depends on each weight's
+# size.
+
+# %%
+def pure_bf16_model():
+    return make_conv().to(torch.bfloat16)
+
+
+def lost_update_share(model, optimizer, x, y):
+    """One plain training step; returns the share of weights with a gradient that did not move."""
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer.zero_grad(set_to_none=True)
+    F.mse_loss(model(x), y).backward()
+    had_grad = [p.grad != 0 for p in model.parameters()]
+    optimizer.step()
+    lost = sum(((p == b) & g).sum().item()
+               for p, b, g in zip(model.parameters(), before, had_grad, strict=True))
+    return lost / sum(g.sum().item() for g in had_grad)
+
+
+# %%
+bf16_in, bf16_target = image_in.bfloat16(), image_target.bfloat16()
+model = pure_bf16_model()
+bn_weight_before = model.layers[1].weight.detach().clone()
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+share = lost_update_share(model, optimizer, bf16_in, bf16_target)
+print(f"pure bf16, Adam lr 1e-3: {share:.1%} of the weight updates in the first step were lost")
+print(f"BatchNorm weights unchanged: {torch.equal(model.layers[1].weight, bn_weight_before)}")
+assert torch.equal(model.layers[1].weight, bn_weight_before)  # 1.0 - 1e-3 rounds to 1.0
+assert share > 0.01
+
+# %% [markdown]
+# **Optimizer state** is created like the parameters, so Adam's two moving averages are bf16 too:
+# half the bytes of AMP's fp32 state, and the same rounding applies to every update of them.
+
+# %%
+state = optimizer.state[model.layers[0].weight]
+print({k: v.dtype for k, v in state.items() if torch.is_tensor(v)})
+assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.bfloat16
+
+# %% [markdown]
+# Now train both ways for the preset's number of steps, counting the lost updates at every step
+# of the pure-bf16 run: AMP (fp32 weights, bf16 matmuls under autocast) against pure bf16.
+
+# %%
+def train_amp_bf16():
+    model = make_conv()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(preset.steps):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(info.type, dtype=torch.bfloat16):
+            loss = F.mse_loss(model(image_in), image_target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return model, optimizer, losses
+
+
+def train_pure_bf16():
+    model = pure_bf16_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses, lost = [], []
+    for _ in range(preset.steps):
+        with torch.no_grad():
+            losses.append(F.mse_loss(model(bf16_in), bf16_target).float().item())
+        lost.append(lost_update_share(model, optimizer, bf16_in, bf16_target))
+    return model, optimizer, losses, lost
+
+# %%
+def training_bytes_per_weight(model, optimizer):
+    """Bytes held per weight after a step: the weight, its gradient and Adam's two averages."""
+    held = 0
+    for p in model.parameters():
+        state = [v for v in optimizer.state[p].values()
+                 if torch.is_tensor(v) and v.shape == p.shape]
+        held += sum(t.numel() * t.element_size() for t in (p, p.grad, *state))
+    return held / sum(p.numel() for p in model.parameters())
+
+
+amp_model, amp_optimizer, amp_losses = train_amp_bf16()
+pure_model, pure_optimizer, pure_losses, lost_shares = train_pure_bf16()
+print(f"final loss: AMP bf16 {amp_losses[-1]:.4f}, pure bf16 {pure_losses[-1]:.4f}; "
+      f"lost updates per step in pure bf16: {min(lost_shares):.1%} to {max(lost_shares):.1%} "
+      f"(mean {sum(lost_shares) / len(lost_shares):.1%})")
+assert amp_model.layers[0].weight.dtype == torch.float32  # AMP never touched the stored weights
+assert min(lost_shares) > 0
+per_weight = {"AMP bf16": training_bytes_per_weight(amp_model, amp_optimizer),
+              "pure bf16": training_bytes_per_weight(pure_model, pure_optimizer)}
+print(f"bytes per weight (weight + gradient + Adam's exp_avg, exp_avg_sq): {per_weight}")
+assert per_weight == {"AMP bf16": 16, "pure bf16": 8}
+fig = plot_losses({"AMP bf16 (fp32 weights)": amp_losses, "pure bf16 (bf16 weights)": pure_losses},
+                  "Training loss: AMP against model.to(bfloat16)")
+
+# %% [markdown]
+# This is why AMP keeps **fp32 master weights**: autocast casts a weight to bf16 only as the input
+# of one matmul, while the stored weight, its gradient and the optimizer state stay fp32, so
+# thousands of small updates add up instead of rounding away. The price is memory: with Adam,
+# 16 bytes per weight (fp32 weight, fp32 gradient and two fp32 moving averages) against 8 in
+# pure bf16, as measured above. Pure bf16 training can work with care
+# (larger learning rates, or optimizers that compensate the rounding), but it is not a switch.
+#
+# ## 2. When pure bf16 is right: inference
+#
+# A trained model never updates its weights again, so nothing can be lost. Cast it **once**: the
+# weights take half the memory, and no per-call casts are left (autocast casts the fp32 weights
+# again on every forward).
+
+# %%
+def inference_timing(model, x, amp_dtype):
+    model.eval()
+
+    def step(i):
+        with torch.inference_mode(), torch.autocast(info.type, dtype=amp_dtype or torch.float32,
+                                                     enabled=amp_dtype is not None):
+            return model(x)
+
+    return time_steps(step, preset.inference_steps, info.device, preset.warmup,
+                      desc="inference", progress=False, keep_all=False)[0]
+
+
+def weight_bytes(model):
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+# %%
+fp32_bytes = weight_bytes(amp_model)
+with torch.inference_mode():
+    reference = amp_model.eval()(image_in).float()
+t_fp32 = inference_timing(amp_model, image_in, None)
+t_autocast = inference_timing(amp_model, image_in, torch.bfloat16)
+cast_once = amp_model.to(torch.bfloat16)  # in place: the fp32 copy is gone
+t_cast = inference_timing(cast_once, bf16_in, None)
+with torch.inference_mode():
+    max_diff = (cast_once(bf16_in).float() - reference).abs().max().item()
+inference = pd.DataFrame({
+    "ms/forward": {"fp32": t_fp32.median * 1e3, "autocast bf16": t_autocast.median * 1e3,
+                   "cast once to bf16": t_cast.median * 1e3},
+    "weights (KB)": {"fp32": fp32_bytes / 1024, "autocast bf16": fp32_bytes / 1024,
+                     "cast once to bf16": weight_bytes(cast_once) / 1024}})
+print(f"largest difference from the fp32 prediction: {max_diff:.4f} (targets lie in [0, 1])")
+assert weight_bytes(cast_once) * 2 == fp32_bytes
+assert max_diff < 0.1
+inference.round(3)
+
+# %% [markdown]
+# ## What to remember
+#
+# - `model.to(torch.bfloat16)` is not AMP: updates smaller than half a bf16 step vanish, and the
+#   optimizer state is bf16 too. AMP keeps fp32 master weights. For inference, cast once.
