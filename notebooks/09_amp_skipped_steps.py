@@ -2,8 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
-#       cpu: 0.4
-#       smoke: 0.4
+#       smoke: 0.2
 #     needs: any device, CPU included
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version

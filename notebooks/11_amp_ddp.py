@@ -3,7 +3,7 @@
 #   amp_tutorial:
 #     minutes:
 #       cpu: 0.5
-#       smoke: 0.5
+#       smoke: 0.3
 #     needs: '2 processes: a CPU (Gloo), or 2 GPUs (NCCL/RCCL)'
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version

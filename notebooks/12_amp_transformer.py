@@ -2,8 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
-#       cpu: 7.9
-#       smoke: 1.0
+#       smoke: 0.2
 #     needs: any device, CPU included; CUDA's float32 list on an NVIDIA GPU
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version

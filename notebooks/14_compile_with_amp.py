@@ -2,8 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
-#       cpu: 12.8
-#       smoke: 1.0
+#       smoke: 0.3
 #     needs: any device, CPU included; torch.compile on a CPU needs a C++ compiler
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version

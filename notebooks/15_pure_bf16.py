@@ -1,7 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     minutes: {}
+#     minutes:
+#       smoke: 0.2
 #     needs: any device, CPU included
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version

@@ -2,8 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
-#       cpu: 3.9
-#       smoke: 0.4
+#       smoke: 0.1
 #     needs: 'any device, CPU included; FP8 training: NVIDIA compute capability 8.9+
 #       or AMD MI300+, with torchao (`pdm install -G fp8`)'
 #   jupytext:

@@ -1,7 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     minutes: {}
+#     minutes:
+#       smoke: 0.2
 #     needs: 'any device, CPU included; memory snapshot: a CUDA or ROCm GPU; TF32 baseline:
 #       NVIDIA compute capability 8.0+'
 #   jupytext:
