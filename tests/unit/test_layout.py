@@ -72,3 +72,14 @@ def test_the_uses_list_comes_from_the_lessons_imports() -> None:
     assert uses["device"] == [lesson.number for lesson in lessons]  # every lesson picks a device
     assert "06" in uses["exercise"]  # the graded exercise's checker
     assert "autocast_policy" in uses and "bench" not in uses
+
+
+def test_the_wheel_ships_every_package_of_src() -> None:
+    """pdm-backend packs only the packages ``[tool.pdm.build] includes`` names; the image installs
+    the wheel, so a package missing there (course_tools once was) breaks the container's start."""
+    import tomllib
+
+    includes = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pdm"]["build"]
+    packages = {f"src/{path.parent.name}" for path in (ROOT / "src").glob("*/__init__.py")}
+    assert packages == {"src/amp_tutorial", "src/course_tools"}
+    assert set(includes["includes"]) == packages
