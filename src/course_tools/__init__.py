@@ -1,0 +1,4 @@
+"""The course's own tools, which no lesson imports: the lesson catalogue (``catalogue``: what a
+lesson is, its metadata, the README's run-time table), the lab launcher (``lab``), the handout
+that runs and renders the course (``handout``), and the swapping-in of reference answers
+(``answers``)."""
