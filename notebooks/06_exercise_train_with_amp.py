@@ -39,7 +39,7 @@ from IPython.display import Markdown, display
 
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, dtype_name, select_device
-from amp_tutorial.exercise import check_train_with_amp, train_fp32
+from amp_tutorial.exercises.train_loop import check_train_with_amp, train_fp32
 from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_losses
 from amp_tutorial.presets import get_preset

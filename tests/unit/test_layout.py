@@ -31,12 +31,15 @@ def top_level_imports(path: Path) -> set[str]:
 
 
 def test_the_three_residents_are_where_the_layout_says() -> None:
-    assert {"device", "measure", "exercise"} <= {p.stem for p in HELPERS.glob("*.py")}
+    assert {"device", "measure"} <= {p.stem for p in HELPERS.glob("*.py")}
+    assert {"checking", "training_spy", "train_loop"} <= {
+        p.stem for p in (HELPERS / "exercises").glob("*.py")}
     assert {"catalogue", "handout", "lab", "answers"} <= {p.stem for p in TOOLS.glob("*.py")}
     assert {"bench", "train_ddp"} <= PROGRAMS
 
 
-@pytest.mark.parametrize("path", sorted(HELPERS.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(HELPERS.rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(HELPERS)))
 def test_helpers_import_no_tool_program_or_test(path: Path) -> None:
     wrong = top_level_imports(path) & {"course_tools", "tests", *PROGRAMS}
     assert not wrong, f"{path.name} imports {wrong}: helpers must not depend on tools or programs"
@@ -60,7 +63,7 @@ def test_tools_and_programs_do_not_import_each_other_or_the_tests(path: Path) ->
 def test_no_docstring_keeps_a_hand_made_list_of_lessons() -> None:
     """Which lesson uses which helper is printed from the imports
     (``python -m course_tools.catalogue uses``), never typed into docstrings."""
-    for path in [*HELPERS.glob("*.py"), *TOOLS.glob("*.py"), *SCRIPTS.glob("*.py")]:
+    for path in [*HELPERS.rglob("*.py"), *TOOLS.glob("*.py"), *SCRIPTS.glob("*.py")]:
         for line in path.read_text(encoding="utf-8").splitlines():
             assert not line.strip().startswith(("Used in lesson", "Used in every lesson",
                                                 "Used in no lesson")), f"{path.name}: {line}"
@@ -70,7 +73,7 @@ def test_the_uses_list_comes_from_the_lessons_imports() -> None:
     lessons = find_lessons(NOTEBOOKS)
     uses = helper_uses(lessons)
     assert uses["device"] == [lesson.number for lesson in lessons]  # every lesson picks a device
-    assert "06" in uses["exercise"]  # the graded exercise's checker
+    assert "06" in uses["exercises"]  # the graded exercise's checker
     assert "autocast_policy" in uses and "bench" not in uses
 
 
@@ -81,5 +84,6 @@ def test_the_wheel_ships_every_package_of_src() -> None:
 
     includes = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pdm"]["build"]
     packages = {f"src/{path.parent.name}" for path in (ROOT / "src").glob("*/__init__.py")}
+    assert (ROOT / "src/amp_tutorial/exercises/__init__.py").is_file()  # a subpackage: included
     assert packages == {"src/amp_tutorial", "src/course_tools"}
     assert set(includes["includes"]) == packages

@@ -1,12 +1,10 @@
-"""The ``train_with_amp`` exercise: a small problem, an fp32 baseline and a checker naming mistakes.
+"""The ``train_with_amp`` exercise (lesson 06): a small problem, an fp32 baseline, and a checker
+that names mistakes.
 
 ``check_train_with_amp(fn)`` trains a tiny MLP with the learner's function on the CPU (float16 with
-and without clipping, then bfloat16) while it watches, without relying on how the code is spelled:
-autocast state at each forward and backward, which tensor is backpropagated, the gradients before
-each backward and between backward and the step, who calls ``optimizer.step`` and how often per
-iteration (an iteration runs from one ``backward()`` to the next), which ``GradScaler`` objects
-are used, and the ``GradScaler`` calls. It then compares the returned loss history with plain
-fp32 training.
+and without clipping, then bfloat16) while a ``TrainingSpy`` (``exercises.training_spy``) watches
+what it does, without relying on how the code is spelled, and then compares the returned
+loss history with plain fp32 training.
 """
 
 from __future__ import annotations
@@ -16,11 +14,22 @@ import math
 import numbers
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
-from unittest import mock
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from amp_tutorial.exercises.checking import (
+    RAISED,
+    TIMED_OUT,
+    Attempt,
+    CheckResult,
+    Problem,
+    attempt,
+    collect,
+    error_problem,
+)
+from amp_tutorial.exercises.training_spy import TrainingSpy
 
 # The problem every check runs: small enough to answer in about a second on a laptop CPU.
 EPOCHS = 4
@@ -32,7 +41,6 @@ HISTORY_RTOL = 0.02  # correct fp16 / bf16 runs stay within 0.2% of fp32 here; 2
 DEVICE_TYPE = "cpu"  # fp16 and bf16 autocast and GradScaler("cpu") all work on the CPU
 
 # Problem keys: one per mistake the checker can name.
-RAISED = "raised"
 NO_BACKWARD = "no-backward"
 NO_OPTIMIZER_STEP = "no-optimizer-step"
 FORWARD_NOT_AUTOCAST = "forward-not-autocast"
@@ -49,41 +57,11 @@ CLIP_BEFORE_UNSCALE = "clip-before-unscale"
 NOT_CLIPPED = "not-clipped"
 BAD_HISTORY = "bad-loss-history"
 HISTORY_NOT_LIKE_FP32 = "history-not-like-fp32"
+__all__ = ["RAISED", "TIMED_OUT", "check_train_with_amp", "make_exercise_problem", "train_fp32"]
+PRAISE = ("All checks passed: autocast, GradScaler, clipping, zeroing and the loss history are "
+          "right (float16 and bfloat16).")
 
 TrainFn = Callable[..., object]
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One mistake: a stable key (for tests) and a plain-words message (for the learner).
-    """
-
-    key: str
-    message: str
-
-
-@dataclass
-class CheckResult:
-    """What ``check_train_with_amp`` found; ``passed`` is True when it found nothing wrong.
-    """
-
-    problems: list[Problem] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return not self.problems
-
-    @property
-    def keys(self) -> set[str]:
-        return {p.key for p in self.problems}
-
-    def __str__(self) -> str:
-        if self.passed:
-            return ("All checks passed: autocast, GradScaler, clipping, zeroing and the loss "
-                    "history are right (float16 and bfloat16).")
-        lines = [f"{len(self.problems)} problem(s) found:"]
-        lines += [f"  {i}. {p.message}" for i, p in enumerate(self.problems, 1)]
-        return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -156,198 +134,22 @@ def _fp32_reference(scenario: Scenario) -> tuple[float, ...]:
     return tuple(train_fp32(model, data, optimizer, nn.MSELoss(), EPOCHS, scenario.max_grad_norm))
 
 
-@dataclass
-class _Iteration:
-    """What happened between one ``backward()`` and the next: one training iteration."""
-
-    calls: list[str] = field(default_factory=list)  # the step calls, in order, for messages
-    steps: int = 0  # scaler.step calls plus direct optimizer.step calls
-    scaler_step_calls: int = 0
-    scaler_steps_done: int = 0  # enabled scaler.step calls that returned
-    updates: int = 0
-    zeroed: bool = False  # the gradients were zeroed after backward, before the step used them
-
-
-class _Spy:
-    """Watches one run of the learner's function and counts what it did at each step."""
-
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 scenario: Scenario) -> None:
-        self.model, self.optimizer, self.scenario = model, optimizer, scenario
-        self.params = list(model.parameters())
-        self.count: dict[str, int] = dict.fromkeys(
-            ["forward", "forward_no_autocast", "forward_other_device", "forward_wrong_dtype",
-             "backward", "backward_in_autocast", "backward_unscaled", "backward_not_zeroed",
-             "scale_enabled", "scale_disabled", "unscale", "scaler_step", "update",
-             "optimizer_step", "optimizer_step_direct", "modified_before_unscale",
-             "not_clipped", "iterations_without_update", "stepped_twice",
-             "zeroed_before_step"], 0)
-        self.wrong_dtypes: set[torch.dtype] = set()
-        self.scalers: list[torch.amp.GradScaler] = []  # enabled scalers seen, each object once
-        self.twice_calls: list[str] = []  # the step calls of the first iteration that stepped twice
-        self.scaled_output: torch.Tensor | None = None  # what the last enabled scale() returned
-        self.after_backward: list[torch.Tensor | None] | None = None  # grads right after backward
-        self.unscaled = False  # unscale_ (explicit or inside step) ran since the last backward
-        self.in_scaler_step = False
-        self.iteration = _Iteration()
-
-    # -- iterations ----------------------------------------------------------------------------
-    def close_iteration(self, complete: bool) -> None:
-        """Judge the iteration that just ended; ``complete`` is False when the run raised in it."""
-        it = self.iteration
-        if it.steps > 1:
-            self.count["stepped_twice"] += 1
-            self.twice_calls = self.twice_calls or it.calls
-        if "optimizer.step()" in it.calls and not it.scaler_step_calls:
-            self.count["optimizer_step_direct"] += 1
-        if complete and it.scaler_steps_done > it.updates:
-            self.count["iterations_without_update"] += 1
-        self.count["zeroed_before_step"] += it.zeroed
-        self.iteration = _Iteration()
-
-    def note_zeroed(self) -> None:
-        """Mark the iteration if every gradient backward produced is gone (None or all zeros)."""
-        if self.after_backward is None or self.iteration.zeroed:
-            return
-        had = any(g is not None and bool(g.count_nonzero()) for g in self.after_backward)
-        gone = all(p.grad is None or not bool(p.grad.count_nonzero()) for p in self.params)
-        self.iteration.zeroed = had and gone
-
-    # -- hooks and wrappers --------------------------------------------------------------------
-    def on_forward(self, module: nn.Module, args: tuple) -> None:
-        if not torch.is_grad_enabled():
-            return  # evaluation passes (e.g. under no_grad) are not training steps
-        device_type = DEVICE_TYPE
-        self.count["forward"] += 1
-        if not torch.is_autocast_enabled(device_type):
-            self.count["forward_no_autocast"] += 1
-            if any(torch.is_autocast_enabled(t) for t in ("cuda", "mps", "xpu")
-                   if t != device_type):
-                self.count["forward_other_device"] += 1
-        elif torch.get_autocast_dtype(device_type) != self.scenario.amp_dtype:
-            self.count["forward_wrong_dtype"] += 1
-            self.wrong_dtypes.add(torch.get_autocast_dtype(device_type))
-
-    def backward(self, original: Callable, tensors, *args, **kwargs):
-        if self.count["backward"]:
-            self.close_iteration(complete=True)
-        self.count["backward"] += 1
-        if torch.is_autocast_enabled(DEVICE_TYPE):
-            self.count["backward_in_autocast"] += 1
-        root = tensors[0] if isinstance(tensors, (tuple, list)) else tensors
-        if self.scaled_output is None or root is not self.scaled_output:
-            self.count["backward_unscaled"] += 1
-        self.scaled_output = None
-        if any(p.grad is not None and bool(p.grad.count_nonzero()) for p in self.params):
-            self.count["backward_not_zeroed"] += 1
-        result = original(tensors, *args, **kwargs)
-        self.after_backward = [None if p.grad is None else p.grad.detach().clone()
-                               for p in self.params]
-        self.unscaled = False
-        return result
-
-    def scale(self, original: Callable, scaler: torch.amp.GradScaler, outputs):
-        result = original(scaler, outputs)
-        if scaler.is_enabled():
-            self.count["scale_enabled"] += 1
-            self.scaled_output = result
-            if not any(seen is scaler for seen in self.scalers):
-                self.scalers.append(scaler)
-        else:
-            self.count["scale_disabled"] += 1
-        return result
-
-    def _check_unmodified_before_unscale(self, scaler: torch.amp.GradScaler) -> None:
-        if not scaler.is_enabled() or self.unscaled or self.after_backward is None:
-            return
-        self.unscaled = True
-        if self.iteration.zeroed:
-            return  # zeroed, not clipped: named as such
-        for p, before in zip(self.params, self.after_backward, strict=True):
-            if (p.grad is None) != (before is None) or (
-                    before is not None and not torch.equal(p.grad, before)):
-                self.count["modified_before_unscale"] += 1
-                return
-
-    def unscale_(self, original: Callable, scaler: torch.amp.GradScaler, optimizer):
-        self.count["unscale"] += scaler.is_enabled()
-        self.note_zeroed()
-        self._check_unmodified_before_unscale(scaler)
-        return original(scaler, optimizer)
-
-    def step(self, original: Callable, scaler: torch.amp.GradScaler, optimizer, *args, **kwargs):
-        self.iteration.steps += 1
-        self.iteration.scaler_step_calls += 1
-        self.iteration.calls.append("scaler.step(optimizer)")
-        self.note_zeroed()
-        self._check_unmodified_before_unscale(scaler)
-        self.in_scaler_step = True
-        try:
-            result = original(scaler, optimizer, *args, **kwargs)
-        finally:
-            self.in_scaler_step = False
-        self.count["scaler_step"] += scaler.is_enabled()  # counted only when it succeeded
-        self.iteration.scaler_steps_done += scaler.is_enabled()
-        return result
-
-    def update(self, original: Callable, scaler: torch.amp.GradScaler, *args, **kwargs):
-        self.count["update"] += scaler.is_enabled()
-        self.iteration.updates += scaler.is_enabled()
-        if scaler.is_enabled():
-            self.iteration.calls.append("scaler.update()")
-        return original(scaler, *args, **kwargs)
-
-    def on_optimizer_step(self, optimizer, args, kwargs) -> None:
-        self.count["optimizer_step"] += 1
-        if not self.in_scaler_step:
-            self.iteration.steps += 1
-            self.iteration.calls.append("optimizer.step()")
-        self.note_zeroed()
-        limit = self.scenario.max_grad_norm
-        grads = [p.grad for p in self.params if p.grad is not None]
-        if limit is not None and grads and not self.iteration.zeroed:
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g)
-                                                         for g in grads]))
-            if norm > limit * 1.001:
-                self.count["not_clipped"] += 1
-
-    def install(self, stack: ExitStack) -> None:
-        """Register the hooks and wrap the GradScaler methods and autograd's backward."""
-        stack.callback(self.model.register_forward_pre_hook(self.on_forward).remove)
-        stack.callback(self.optimizer.register_step_pre_hook(self.on_optimizer_step).remove)
-        backward = torch.autograd.backward
-        stack.enter_context(mock.patch.object(
-            torch.autograd, "backward", lambda *a, **k: self.backward(backward, *a, **k)))
-        for name in ("scale", "unscale_", "step", "update"):
-            original = getattr(torch.amp.GradScaler, name)
-            spy = getattr(self, name)
-
-            def wrapper(scaler, *args, _original=original, _spy=spy, **kwargs):
-                return _spy(_original, scaler, *args, **kwargs)
-
-            stack.enter_context(mock.patch.object(torch.amp.GradScaler, name, wrapper))
-
-
-def _run(fn: TrainFn, scenario: Scenario) -> tuple[_Spy, object, BaseException | None]:
+def _run(fn: TrainFn, scenario: Scenario) -> tuple[TrainingSpy, Attempt]:
     model, data = make_exercise_problem()
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
-    spy = _Spy(model, optimizer, scenario)
-    history, error = None, None
+    spy = TrainingSpy(model, optimizer, scenario, DEVICE_TYPE)
     with ExitStack() as stack:
         spy.install(stack)
-        try:
-            history = fn(model, data, optimizer, nn.MSELoss(), EPOCHS, DEVICE_TYPE,
-                         scenario.amp_dtype, max_grad_norm=scenario.max_grad_norm)
-        except Exception as err:  # the learner's bug, reported rather than raised
-            error = err
+        run = attempt(fn, model, data, optimizer, nn.MSELoss(), EPOCHS, DEVICE_TYPE,
+                      scenario.amp_dtype, max_grad_norm=scenario.max_grad_norm)
     if spy.count["backward"]:
-        spy.close_iteration(complete=error is None)
-    return spy, history, error
+        spy.close_iteration(complete=run.error is None)
+    return spy, run
 
 
-def _process_problems(spy: _Spy, scenario: Scenario, error: BaseException | None) -> list[Problem]:
+def _process_problems(spy: TrainingSpy, scenario: Scenario, run: Attempt) -> list[Problem]:
     """Mistakes in how the step is done, from what the spy counted."""
-    c, fp16 = spy.count, scenario.amp_dtype == torch.float16
+    c, fp16, error = spy.count, scenario.amp_dtype == torch.float16, run.error
     dtype = "torch.float16" if fp16 else "torch.bfloat16"
     found = []
     if c["backward"] == 0 and error is None:
@@ -436,10 +238,9 @@ def _process_problems(spy: _Spy, scenario: Scenario, error: BaseException | None
         found.append(Problem(NO_OPTIMIZER_STEP,
             "The optimizer passed in never stepped, so the weights never changed. Step the "
             "optimizer you were given (through scaler.step when a scaler is used)."))
-    if error is not None:  # last: often GradScaler refusing a call order named above
-        cause = " (a consequence of the mistake above)" if found else ""
-        found.append(Problem(RAISED,
-            f"train_with_amp raised {type(error).__name__}{cause}: {error}"))
+    # last: an error is often GradScaler refusing a call order named above
+    if crashed := error_problem(run, "train_with_amp", after_others=bool(found)):
+        found.append(crashed)
     return found
 
 
@@ -489,18 +290,11 @@ def check_train_with_amp(fn: TrainFn) -> CheckResult:
     ``fn(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype, max_grad_norm=None)``
     must return the mean loss of each epoch. Takes about a second on a laptop CPU.
     """
-    found: dict[str, Problem] = {}
-    where: dict[str, list[str]] = {}
+    found = []
     for scenario in SCENARIOS:
-        spy, history, error = _run(fn, scenario)
-        problems = _process_problems(spy, scenario, error)
-        if error is None:
-            problems += _history_problems(history, _fp32_reference(scenario), bool(problems))
-        for problem in problems:
-            found.setdefault(problem.key, problem)
-            where.setdefault(problem.key, []).append(scenario.name)
-    result = CheckResult()
-    for key, problem in found.items():
-        runs = ", ".join(where[key])
-        result.problems.append(Problem(key, f"[{runs}] {problem.message}"))
-    return result
+        spy, run = _run(fn, scenario)
+        problems = _process_problems(spy, scenario, run)
+        if run.error is None:
+            problems += _history_problems(run.value, _fp32_reference(scenario), bool(problems))
+        found.append((scenario.name, problems))
+    return collect(found, PRAISE)

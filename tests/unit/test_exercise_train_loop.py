@@ -17,8 +17,9 @@ import pytest
 import torch
 from torch import nn
 
-from amp_tutorial import exercise
-from amp_tutorial.exercise import check_train_with_amp
+from amp_tutorial.exercises import checking
+from amp_tutorial.exercises import train_loop as exercise
+from amp_tutorial.exercises.train_loop import check_train_with_amp
 from tests.support import SOLUTIONS
 
 SOLUTION = SOLUTIONS / "train_with_amp.py"
@@ -234,8 +235,10 @@ def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises:
 
 def test_every_problem_key_has_a_case() -> None:
     keys = {value for name, value in vars(exercise).items()
-            if name.isupper() and isinstance(value, str) and value != exercise.DEVICE_TYPE}
-    covered = {key for _, _, key, _ in MISTAKES} | {exercise.RAISED}  # RAISED: the crash test
+            if name.isupper() and isinstance(value, str)
+            and value not in (exercise.DEVICE_TYPE, exercise.PRAISE)}
+    # RAISED and TIMED_OUT: the crash and endless-loop tests below
+    covered = {key for _, _, key, _ in MISTAKES} | {exercise.RAISED, exercise.TIMED_OUT}
     assert covered == keys
 
 
@@ -252,6 +255,18 @@ def test_a_crash_is_reported_not_raised() -> None:
     result = check_train_with_amp(broken)
     assert result.keys == {exercise.RAISED}
     assert "ValueError: not done yet" in str(result)
+
+
+def test_an_endless_loop_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checking, "TIME_LIMIT_S", 0.2)
+
+    def endless(*args, **kwargs):
+        while True:
+            pass
+
+    result = check_train_with_amp(endless)
+    assert result.keys == {exercise.TIMED_OUT}
+    assert "still running after" in str(result) and "Traceback" not in str(result)
 
 
 def test_checker_leaves_torch_unpatched() -> None:

@@ -1,0 +1,204 @@
+"""The spy that watches training code run: what a training-loop exercise's checker judges.
+
+It does not read the learner's source, so any spelling of the same steps looks the same to it. It
+watches, through module and optimizer hooks and wrappers around ``torch.autograd.backward`` and
+the ``GradScaler`` methods: the autocast state at each forward and backward, which tensor is
+backpropagated, the gradients right after each backward and between backward and the step, who
+calls ``optimizer.step`` and how often per iteration (an iteration runs from one ``backward()`` to
+the next), which ``GradScaler`` objects are used, and the ``GradScaler`` calls. A checker's rules
+read its ``count`` and the fields below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Protocol
+from unittest import mock
+
+import torch
+from torch import nn
+
+
+class TrainingScenario(Protocol):
+    """What the spy needs to know of a run: the autocast dtype expected and the clipping norm."""
+
+    @property
+    def amp_dtype(self) -> torch.dtype: ...
+
+    @property
+    def max_grad_norm(self) -> float | None: ...
+
+
+@dataclass
+class _Iteration:
+    """What happened between one ``backward()`` and the next: one training iteration."""
+
+    calls: list[str] = field(default_factory=list)  # the step calls, in order, for messages
+    steps: int = 0  # scaler.step calls plus direct optimizer.step calls
+    scaler_step_calls: int = 0
+    scaler_steps_done: int = 0  # enabled scaler.step calls that returned
+    updates: int = 0
+    zeroed: bool = False  # the gradients were zeroed after backward, before the step used them
+
+
+class TrainingSpy:
+    """Watches one run of the learner's function and counts what it did at each step."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 scenario: TrainingScenario, device_type: str = "cpu") -> None:
+        self.model, self.optimizer, self.scenario = model, optimizer, scenario
+        self.device_type = device_type
+        self.params = list(model.parameters())
+        self.count: dict[str, int] = dict.fromkeys(
+            ["forward", "forward_no_autocast", "forward_other_device", "forward_wrong_dtype",
+             "backward", "backward_in_autocast", "backward_unscaled", "backward_not_zeroed",
+             "scale_enabled", "scale_disabled", "unscale", "scaler_step", "update",
+             "optimizer_step", "optimizer_step_direct", "modified_before_unscale",
+             "not_clipped", "iterations_without_update", "stepped_twice",
+             "zeroed_before_step"], 0)
+        self.wrong_dtypes: set[torch.dtype] = set()
+        self.scalers: list[torch.amp.GradScaler] = []  # enabled scalers seen, each object once
+        self.twice_calls: list[str] = []  # the step calls of the first iteration that stepped twice
+        self.scaled_output: torch.Tensor | None = None  # what the last enabled scale() returned
+        self.after_backward: list[torch.Tensor | None] | None = None  # grads right after backward
+        self.unscaled = False  # unscale_ (explicit or inside step) ran since the last backward
+        self.in_scaler_step = False
+        self.iteration = _Iteration()
+
+    # -- iterations ----------------------------------------------------------------------------
+    def close_iteration(self, complete: bool) -> None:
+        """Judge the iteration that just ended; ``complete`` is False when the run raised in it."""
+        it = self.iteration
+        if it.steps > 1:
+            self.count["stepped_twice"] += 1
+            self.twice_calls = self.twice_calls or it.calls
+        if "optimizer.step()" in it.calls and not it.scaler_step_calls:
+            self.count["optimizer_step_direct"] += 1
+        if complete and it.scaler_steps_done > it.updates:
+            self.count["iterations_without_update"] += 1
+        self.count["zeroed_before_step"] += it.zeroed
+        self.iteration = _Iteration()
+
+    def note_zeroed(self) -> None:
+        """Mark the iteration if every gradient backward produced is gone (None or all zeros)."""
+        if self.after_backward is None or self.iteration.zeroed:
+            return
+        had = any(g is not None and bool(g.count_nonzero()) for g in self.after_backward)
+        gone = all(p.grad is None or not bool(p.grad.count_nonzero()) for p in self.params)
+        self.iteration.zeroed = had and gone
+
+    # -- hooks and wrappers --------------------------------------------------------------------
+    def on_forward(self, module: nn.Module, args: tuple) -> None:
+        if not torch.is_grad_enabled():
+            return  # evaluation passes (e.g. under no_grad) are not training steps
+        device_type = self.device_type
+        self.count["forward"] += 1
+        if not torch.is_autocast_enabled(device_type):
+            self.count["forward_no_autocast"] += 1
+            if any(torch.is_autocast_enabled(t) for t in ("cuda", "mps", "xpu")
+                   if t != device_type):
+                self.count["forward_other_device"] += 1
+        elif torch.get_autocast_dtype(device_type) != self.scenario.amp_dtype:
+            self.count["forward_wrong_dtype"] += 1
+            self.wrong_dtypes.add(torch.get_autocast_dtype(device_type))
+
+    def backward(self, original: Callable, tensors, *args, **kwargs):
+        if self.count["backward"]:
+            self.close_iteration(complete=True)
+        self.count["backward"] += 1
+        if torch.is_autocast_enabled(self.device_type):
+            self.count["backward_in_autocast"] += 1
+        root = tensors[0] if isinstance(tensors, (tuple, list)) else tensors
+        if self.scaled_output is None or root is not self.scaled_output:
+            self.count["backward_unscaled"] += 1
+        self.scaled_output = None
+        if any(p.grad is not None and bool(p.grad.count_nonzero()) for p in self.params):
+            self.count["backward_not_zeroed"] += 1
+        result = original(tensors, *args, **kwargs)
+        self.after_backward = [None if p.grad is None else p.grad.detach().clone()
+                               for p in self.params]
+        self.unscaled = False
+        return result
+
+    def scale(self, original: Callable, scaler: torch.amp.GradScaler, outputs):
+        result = original(scaler, outputs)
+        if scaler.is_enabled():
+            self.count["scale_enabled"] += 1
+            self.scaled_output = result
+            if not any(seen is scaler for seen in self.scalers):
+                self.scalers.append(scaler)
+        else:
+            self.count["scale_disabled"] += 1
+        return result
+
+    def _check_unmodified_before_unscale(self, scaler: torch.amp.GradScaler) -> None:
+        if not scaler.is_enabled() or self.unscaled or self.after_backward is None:
+            return
+        self.unscaled = True
+        if self.iteration.zeroed:
+            return  # zeroed, not clipped: named as such
+        for p, before in zip(self.params, self.after_backward, strict=True):
+            if (p.grad is None) != (before is None) or (
+                    before is not None and not torch.equal(p.grad, before)):
+                self.count["modified_before_unscale"] += 1
+                return
+
+    def unscale_(self, original: Callable, scaler: torch.amp.GradScaler, optimizer):
+        self.count["unscale"] += scaler.is_enabled()
+        self.note_zeroed()
+        self._check_unmodified_before_unscale(scaler)
+        return original(scaler, optimizer)
+
+    def step(self, original: Callable, scaler: torch.amp.GradScaler, optimizer, *args, **kwargs):
+        self.iteration.steps += 1
+        self.iteration.scaler_step_calls += 1
+        self.iteration.calls.append("scaler.step(optimizer)")
+        self.note_zeroed()
+        self._check_unmodified_before_unscale(scaler)
+        self.in_scaler_step = True
+        try:
+            result = original(scaler, optimizer, *args, **kwargs)
+        finally:
+            self.in_scaler_step = False
+        self.count["scaler_step"] += scaler.is_enabled()  # counted only when it succeeded
+        self.iteration.scaler_steps_done += scaler.is_enabled()
+        return result
+
+    def update(self, original: Callable, scaler: torch.amp.GradScaler, *args, **kwargs):
+        self.count["update"] += scaler.is_enabled()
+        self.iteration.updates += scaler.is_enabled()
+        if scaler.is_enabled():
+            self.iteration.calls.append("scaler.update()")
+        return original(scaler, *args, **kwargs)
+
+    def on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        self.count["optimizer_step"] += 1
+        if not self.in_scaler_step:
+            self.iteration.steps += 1
+            self.iteration.calls.append("optimizer.step()")
+        self.note_zeroed()
+        limit = self.scenario.max_grad_norm
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if limit is not None and grads and not self.iteration.zeroed:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g)
+                                                         for g in grads]))
+            if norm > limit * 1.001:
+                self.count["not_clipped"] += 1
+
+    def install(self, stack: ExitStack) -> None:
+        """Register the hooks and wrap the GradScaler methods and autograd's backward."""
+        stack.callback(self.model.register_forward_pre_hook(self.on_forward).remove)
+        stack.callback(self.optimizer.register_step_pre_hook(self.on_optimizer_step).remove)
+        backward = torch.autograd.backward
+        stack.enter_context(mock.patch.object(
+            torch.autograd, "backward", lambda *a, **k: self.backward(backward, *a, **k)))
+        for name in ("scale", "unscale_", "step", "update"):
+            original = getattr(torch.amp.GradScaler, name)
+            spy = getattr(self, name)
+
+            def wrapper(scaler, *args, _original=original, _spy=spy, **kwargs):
+                return _spy(_original, scaler, *args, **kwargs)
+
+            stack.enter_context(mock.patch.object(torch.amp.GradScaler, name, wrapper))

@@ -1,0 +1,66 @@
+"""The parts every exercise checker shares: a time limit on the learner's code, errors kept as
+problems, the return-type check, and one report merged over the scenarios."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from amp_tutorial.exercises import checking
+from amp_tutorial.exercises.checking import Problem, attempt, collect, error_problem, type_problem
+
+
+def test_a_run_that_returns_keeps_its_value() -> None:
+    run = attempt(lambda a, b=0: a + b, 2, b=3)
+    assert (run.value, run.error, run.timed_out) == (5, None, False)
+    assert error_problem(run, "f") is None
+
+
+def test_an_exception_is_kept_and_named_in_plain_words() -> None:
+    run = attempt(lambda: 1 / 0)
+    assert isinstance(run.error, ZeroDivisionError)
+    problem = error_problem(run, "my_fn")
+    assert problem.key == checking.RAISED
+    assert problem.message == "my_fn raised ZeroDivisionError: division by zero"
+    assert "consequence" in error_problem(run, "my_fn", after_others=True).message
+
+
+def test_an_endless_loop_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checking, "TIME_LIMIT_S", 0.2)
+
+    def endless() -> None:
+        while True:
+            pass
+
+    run = attempt(endless)
+    assert run.timed_out and 0.2 <= run.seconds < 2
+    problem = error_problem(run, "endless")
+    assert problem.key == checking.TIMED_OUT and "for epoch in range" in problem.message
+
+
+def test_outside_the_main_thread_the_code_runs_without_a_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checking, "TIME_LIMIT_S", 0.01)
+    out = []
+    worker = threading.Thread(target=lambda: out.append(attempt(sum, range(10**6))))
+    worker.start()
+    worker.join()
+    assert out[0].error is None and out[0].value == sum(range(10**6))
+
+
+def test_a_wrong_return_type_is_named_with_the_fix() -> None:
+    assert type_problem(3, int, "f", "an int", "return n") is None
+    problem = type_problem("float16", tuple, "f", "a tuple", "return (a, b, c)")
+    assert problem.key == checking.WRONG_RETURN
+    assert "returned str ('float16')" in problem.message and "Instead: return (a, b, c)" in (
+        problem.message)
+
+
+def test_problems_are_merged_over_scenarios_in_the_order_found() -> None:
+    a, b = Problem("a", "A is wrong."), Problem("b", "B is wrong.")
+    result = collect([("fp16", [a]), ("bf16", [b, a])], praise="fine")
+    assert [p.key for p in result.problems] == ["a", "b"]
+    assert result.problems[0].message == "[fp16, bf16] A is wrong."
+    assert str(result).startswith("2 problem(s) found:")
+    assert str(collect([("fp16", [])], praise="fine")) == "fine"
