@@ -36,12 +36,16 @@ QUESTIONS: dict[int, Question] = {
     2: Question(
         "Why is GradScaler not needed when training with bfloat16?",
         {"a": "bfloat16 has more mantissa bits than float16.",
-         "b": "bfloat16 has fp32's 8 exponent bits, so it underflows only where fp32 does.",
+         "b": "bfloat16 has fp32's 8 exponent bits: the same smallest normal number, 2**-126, and "
+              "a largest value of about 3.4e38.",
          "c": "Autocast computes the backward pass in float32 when the dtype is bfloat16.",
          "d": "GradScaler does not work with bfloat16."},
         "b",
-        "Underflow is a range problem and bf16 has fp32's range; it has fewer mantissa bits "
-        "(precision) than fp16, which scaling would not fix anyway."),
+        "Underflow is a range problem. Gradients too small for fp16 (its smallest normal number "
+        "is 2**-14, about 6.1e-5, and below about 3e-8 it rounds to zero) are normal bf16 numbers "
+        "down to 2**-126, as in fp32; only bf16's subnormals stop sooner (2**-133, fp32's "
+        "2**-149). bf16 has fewer mantissa bits (precision) than fp16, which scaling would not "
+        "fix anyway."),
     3: Question(
         "Why are the weights kept in float32 (the 'master copy') in mixed-precision training?",
         {"a": "An update lr * grad is often smaller than the spacing between 16-bit numbers "

@@ -2,6 +2,8 @@
 
 import runpy
 
+import torch
+
 from amp_tutorial.quiz import QUESTIONS, check_quiz, quiz_markdown
 from tests.support import SOLUTIONS
 
@@ -37,3 +39,18 @@ def test_clipping_answer_depends_on_the_optimizer() -> None:
     sgd_only = next(k for k, text in q.options.items() if "divided by the scale" in text)
     assert check_quiz({4: sgd_only}).marks[4] == "wrong"
     assert "max_norm / scale" in q.options[q.answer] and "SGD" in q.why
+
+
+def test_bfloat16_range_facts() -> None:
+    """Question 2: bf16 shares fp32's smallest normal (2**-126) and about its largest value;
+    only its subnormals stop sooner (2**-133 against 2**-149)."""
+    bf16, fp32, fp16 = (torch.finfo(d) for d in (torch.bfloat16, torch.float32, torch.float16))
+    assert "2**-126" in QUESTIONS[2].options[QUESTIONS[2].answer]
+    assert bf16.smallest_normal == fp32.smallest_normal == 2.0**-126
+    assert round(bf16.max, -37) == round(fp32.max, -37) == 3.4e38 and bf16.max < fp32.max
+    assert torch.tensor(2.0**-133, dtype=torch.bfloat16).item() == 2.0**-133  # smallest subnormal
+    assert torch.tensor(2.0**-134, dtype=torch.bfloat16).item() == 0.0  # half of it: ties to 0
+    assert torch.tensor(2.0**-149, dtype=torch.float32).item() == 2.0**-149
+    assert fp16.smallest_normal == 2.0**-14  # fp16 rounds to zero at and below 2**-25 (3e-8)
+    assert torch.tensor(2.0**-25, dtype=torch.float16) == 0
+    assert torch.tensor(2.0**-25, dtype=torch.bfloat16) == 2.0**-25  # a normal bf16 number
