@@ -186,16 +186,20 @@ assert amp_history[-1] < 1.5 * fp32_history[-1] + 0.01, "AMP trained much worse 
 #
 # ## Quiz
 #
-# Six questions; the first three come from the exercise this lesson is based on. Answer each with
-# a letter in the `answers` dict below and run the next cell: it marks each answer, and explains
-# the ones you got right.
+# The quiz has 17 questions, each naming the lesson it covers. Questions 1 to 6 are about the loop
+# you just wrote (lessons 01 and 02; the first three come from the exercise this lesson is based
+# on); questions 7 to 17 cover lessons 07 to 17: come back to them after those lessons.
+# Answer each with a letter in the `answers` dict below and run the next cell: it marks each
+# answer, and explains the ones you got right.
 
 # %%
 display(Markdown(quiz_markdown()))
 
 # %% tags=["exercise"] solution="quiz_answers.py"
 # YOUR ANSWERS: one letter per question, e.g. {1: "a", ...}
-answers = {1: None, 2: None, 3: None, 4: None, 5: None, 6: None}
+answers = {1: None, 2: None, 3: None, 4: None, 5: None, 6: None,  # lessons 01-02
+           7: None, 8: None, 9: None, 10: None, 11: None, 12: None,  # lessons 07-17
+           13: None, 14: None, 15: None, 16: None, 17: None}
 
 # %%
 quiz = check_quiz(answers)
