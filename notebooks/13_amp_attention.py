@@ -37,8 +37,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from amp_tutorial.attention import attention_cost, attention_ops, backend_runs, fused_for_training
-from amp_tutorial.autocast_policy import trace_dtypes
+from amp_tutorial.autocast_policy import has_autocast_kernel, trace_dtypes
 from amp_tutorial.device import describe_device, dtype_name, select_device
+from amp_tutorial.exercises.masked_attention import check_masked_attention
 from amp_tutorial.presets import get_preset
 
 info = select_device()
@@ -110,6 +111,64 @@ assert torch.isfinite(fixed).all() and fixed[0, 0] == 1  # row 1: only the open 
 inf_row = scores.float().masked_fill(mask, float("-inf")).softmax(-1)
 assert inf_row[0, 0] == 1 and torch.isnan(inf_row[1]).all()  # -inf: fine partly, NaN fully
 assert torch.isfinite(torch.tensor(-1e9, dtype=torch.bfloat16))
+
+# %% [markdown]
+# Two more facts for float16 attention, on the CPU tensors of this section. **Under autocast a cast
+# to float32 does not keep a matmul in float32**: matmul is on autocast's lower-precision list on
+# CPU and CUDA, so `q.float() @ k.float().T` inside the block runs in float16 again; compute the
+# float32 part under `torch.autocast(..., enabled=False)`. Softmax is on CUDA's float32 list but
+# on no CPU list: CPU autocast leaves it in the dtype it gets. And
+# **`F.scaled_dot_product_attention` returns zeros for a fully masked row on the CPU** (its boolean
+# `attn_mask` means True = may attend).
+
+# %%
+x = torch.randn(4, 64)
+with torch.autocast("cpu", dtype=torch.float16):
+    recast, soft = x.float() @ x.float().T, x.half().softmax(-1)
+print(f"CPU fp16 autocast: x.float() @ x.float().T -> {recast.dtype}, softmax -> {soft.dtype}")
+assert recast.dtype == soft.dtype == torch.float16
+assert all(has_autocast_kernel("aten::matmul", d) for d in ("cpu", "cuda"))
+assert has_autocast_kernel("aten::softmax.int", "cuda") and not has_autocast_kernel(
+    "aten::softmax.int", "cpu")
+may_attend = torch.tensor([[True, False], [False, False]])  # row 2: no open key
+sdpa_out = F.scaled_dot_product_attention(*(torch.randn(2, 8).half(),) * 3, attn_mask=may_attend)
+print("SDPA, fully masked row on the CPU:", sdpa_out[1, :4].tolist())
+assert sdpa_out[1].eq(0).all() and torch.isfinite(sdpa_out).all()
+
+# %% [markdown]
+# ### Exercise: masked attention that stays right in float16
+#
+# Write `masked_attention(q, k, v, mask)`: q, k, v have shape (batch, heads, seq, head_dim), and
+# `mask` is boolean, (batch, heads, seq, seq), True where a query may attend to a key.
+#
+# - Return softmax(q·kᵀ / sqrt(head_dim)) over the open keys, times v: shaped like v, **in v's
+#   dtype** (float16 in, float16 out).
+# - A query whose mask row is all False gets **zeros**, as SDPA gives on the CPU: it attends to
+#   nothing. A -inf fill makes that row 0/0 = NaN, which spreads into the loss; a
+#   `finfo(dtype).min` fill makes it a uniform average of v.
+# - Stay right in float16 when q·k exceeds 65504 before the scale.
+#
+# The checker calls your function on the CPU with float16 tensors, with float16 tensors under
+# `torch.autocast("cpu", dtype=torch.float16)`, and with float32 tensors; on a random mask with
+# fully masked rows, a causal mask, scores of 18 after scaling, and q·k of 262144 before scaling.
+# It compares each result with attention computed in float64 and names each mistake it sees.
+# SDPA and hand-written attention both pass.
+
+# %% tags=["exercise"] solution="masked_attention.py"
+# YOUR CODE: replace the body of this function, run this cell, then run the checker below.
+def masked_attention(q, k, v, mask):
+    """Attention where mask (bool, True = may attend) allows; zeros for fully masked rows."""
+    raise NotImplementedError(
+        "Compute the scores so that float16 cannot overflow (scale q first, or float32 outside "
+        "autocast, or F.scaled_dot_product_attention), mask them, softmax over the keys, "
+        "multiply by v, then set fully masked rows to zero and return v's dtype."
+    )
+
+
+# %%
+result = check_masked_attention(masked_attention)
+print(result)
+assert result.passed, "fix the problems listed above, re-run your cell, then this one"
 
 # %% [markdown]
 # ## 2. Which attention kernel runs, and what the slow one costs
@@ -213,6 +272,8 @@ elif not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed():  # the defa
 #
 # - In float16: scale before the product, never build masks from constants float16 cannot hold,
 #   use `torch.finfo(dtype).min` where a row can be fully masked, or switch to bfloat16.
+# - Under autocast, `.float()` before a matmul is undone (matmul is on the lower-precision list):
+#   compute float32 scores with autocast disabled. Give fully masked rows zeros (`torch.where`).
 # - Check which attention kernel runs (`sdpa_kernel` + the profiler): the math fallback stores the
 #   full score matrix and costs time (and by default it computes in float32); on NVIDIA, flash
 #   attention needs float16 or bfloat16 and an Ampere or newer GPU.

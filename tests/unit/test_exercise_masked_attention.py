@@ -1,0 +1,314 @@
+"""check_masked_attention: every listed mistake is named, and every correct spelling passes.
+
+``attention()`` builds masked attention step by step; with its defaults it is right (scores in
+float32 outside autocast, -inf fill, fully masked rows set to zero, the result in v's dtype). Each
+wrong case changes one thing, so the checker must report that mistake's key and nothing else (and
+RAISED where torch itself refuses the mistake). The facts the messages state are probed at the end.
+"""
+
+from __future__ import annotations
+
+import math
+import runpy
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from amp_tutorial.exercises import checking
+from amp_tutorial.exercises import masked_attention as exercise
+from amp_tutorial.exercises.masked_attention import check_masked_attention
+from tests.support import SOLUTIONS
+
+SOLUTION = SOLUTIONS / "masked_attention.py"
+reference_solution = runpy.run_path(str(SOLUTION))["masked_attention"]
+
+
+# -- the attention builder -------------------------------------------------------------------------
+def attention(
+    *,
+    scores: str = "fp32",  # "fp32" (autocast off, float32), "scale q first" (input dtype),
+    # "scale after" (input dtype) or "float() in autocast" (.float(), autocast left on)
+    scale: bool = True,
+    fill: str = "-inf",  # "-inf", "finfo" (of the scores' dtype), "-1e9", "finfo32" or
+    # "where -1e9" (torch.where(mask, scores, -1e9))
+    invert: bool = False,
+    zero_rows: str | None = "where",  # "where", "multiply", "nan_to_num" or None
+    softmax: str = "torch",  # "torch", "naive" (exp / sum in the scores' dtype), "naive fp32",
+    # "max subtracted" (exp(s - max) / sum by hand) or "dim -2"
+    out_dtype: str = "v",  # "v" (cast back to v.dtype), "keep" or "half"
+    returns: str = "output",  # "output", "weights" or "transposed"
+) -> Callable[..., torch.Tensor]:
+    """A ``masked_attention`` built from the options; the defaults make a right one."""
+    def masked_attention(q, k, v, mask):
+        keep = ~mask if invert else mask
+        in_fp32 = (lambda: torch.autocast(q.device.type, enabled=False)) if scores == "fp32" \
+            else nullcontext
+        s = q.shape[-1] ** -0.5 if scale else 1.0
+        with in_fp32():
+            if scores == "fp32":
+                w = q.float() @ k.float().transpose(-2, -1) * s
+            elif scores == "scale q first":
+                w = (q * s) @ k.transpose(-2, -1)
+            elif scores == "scale after":
+                w = q @ k.transpose(-2, -1) * s
+            else:
+                assert scores == "float() in autocast", scores
+                w = q.float() @ k.float().transpose(-2, -1) * s
+        with in_fp32():
+            if fill == "where -1e9":
+                w = torch.where(keep, w, -1e9)
+            else:
+                value = {"-inf": float("-inf"), "finfo": torch.finfo(w.dtype).min, "-1e9": -1e9,
+                         "finfo32": torch.finfo(torch.float32).min}[fill]
+                w = w.masked_fill(~keep, value)
+            if softmax == "torch":
+                w = w.softmax(-1)
+            elif softmax == "dim -2":
+                w = w.softmax(-2)
+            elif softmax == "max subtracted":
+                e = (w - w.amax(-1, keepdim=True)).exp()
+                w = e / e.sum(-1, keepdim=True)
+            else:
+                e = (w.float() if softmax == "naive fp32" else w).exp()
+                w = e / e.sum(-1, keepdim=True)
+            any_open = keep.any(-1, keepdim=True)
+            if zero_rows == "where":
+                w = torch.where(any_open, w, 0.0)
+            elif zero_rows == "multiply":
+                w = w * any_open
+            elif zero_rows == "nan_to_num":
+                w = w.nan_to_num(0.0)
+            if returns == "weights":
+                return w
+            out = w @ (v.float() if scores in ("fp32", "float() in autocast") else v)
+        if returns == "transposed":
+            out = out.transpose(1, 2)
+        return {"v": out.to(v.dtype), "keep": out, "half": out.half()}[out_dtype]
+
+    return masked_attention
+
+
+def sdpa_alone(q, k, v, mask):
+    """SDPA with nothing around it: on the CPU it returns zeros for fully masked rows itself."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def hand_written_einsum(q, k, v, mask):
+    """Right, written differently: einsum, the scale split over q and k, an additive float mask
+    in float32 and nan_to_num on the output."""
+    with torch.autocast(q.device.type, enabled=False):
+        d = q.shape[-1]
+        scores = torch.einsum("bhqd,bhkd->bhqk", q.float() / d**0.25, k.float() / d**0.25)
+        bias = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+        out = torch.einsum("bhqk,bhkd->bhqd", (scores + bias).softmax(-1), v.float())
+    return out.nan_to_num(0.0).to(v.dtype)
+
+
+def scales_q_in_place(q, k, v, mask):
+    """Right, with a side effect the checker must survive: q is scaled in place, SDPA's own scale
+    is switched off, and fully masked rows are zeroed by masked_fill."""
+    q.mul_(q.shape[-1] ** -0.5)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+    return out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+
+
+# -- one mistake each ------------------------------------------------------------------------------
+# (case, the function, the key the checker must report, whether torch also raises)
+MISTAKES = [
+    ("masked_fill(-1e9) on float16 scores", attention(scores="scale q first", fill="-1e9"),
+     exercise.FILL_OVERFLOWS, True),
+    ("masked_fill(finfo(float32).min) on float16 scores",
+     attention(scores="scale q first", fill="finfo32"), exercise.FILL_OVERFLOWS, True),
+    ("where(mask, scores, -1e9) on float16, rows zeroed by multiplying",
+     attention(scores="scale q first", fill="where -1e9", zero_rows="multiply"),
+     exercise.FILL_OVERFLOWS, False),
+    ("-inf fill, fully masked rows left alone", attention(zero_rows=None),
+     exercise.FULLY_MASKED_NAN, False),
+    ("-inf fill, fully masked rows multiplied by 0", attention(zero_rows="multiply"),
+     exercise.FULLY_MASKED_NAN, False),
+    ("finfo(dtype).min fill, fully masked rows left alone",
+     attention(fill="finfo", zero_rows=None), exercise.FULLY_MASKED_NOT_ZERO, False),
+    ("scaled after the float16 matmul", attention(scores="scale after"),
+     exercise.SCORES_OVERFLOW, False),
+    (".float() inside autocast, scaled after", attention(scores="float() in autocast"),
+     exercise.FP32_UNDONE_BY_AUTOCAST, False),
+    ("softmax by hand in float16", attention(scores="scale q first", softmax="naive"),
+     exercise.SOFTMAX_OVERFLOWS, False),
+    ("softmax by hand in float32", attention(softmax="naive fp32"),
+     exercise.SOFTMAX_OVERFLOWS, False),
+    ("no 1/sqrt(d) scale", attention(scale=False), exercise.MISSING_SCALE, False),
+    ("mask inverted", attention(invert=True), exercise.MASK_INVERTED, False),
+    ("float32 returned for float16", attention(out_dtype="keep"), exercise.WRONG_DTYPE, False),
+    ("float16 returned for float32", attention(out_dtype="half"), exercise.WRONG_DTYPE, False),
+    ("returns the weights", attention(returns="weights"), exercise.WRONG_SHAPE, False),
+    ("returns (batch, seq, heads, dim)", attention(returns="transposed"), exercise.WRONG_SHAPE,
+     False),
+    ("softmax over the queries", attention(softmax="dim -2"), exercise.NOT_LIKE_REFERENCE,
+     False),
+    ("returns a list", lambda q, k, v, mask: attention()(q, k, v, mask).tolist(),
+     checking.WRONG_RETURN, False),
+]
+WRONG = {name: fn for name, fn, _, _ in MISTAKES}
+
+
+@pytest.mark.parametrize(("fn", "key", "also_raises"),
+                         [pytest.param(*case[1:], id=case[0]) for case in MISTAKES])
+def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises: bool) -> None:
+    result = check_masked_attention(fn)
+    assert not result.passed
+    expected = {key, exercise.RAISED} if also_raises else {key}
+    assert result.keys == expected, str(result)
+    assert "Traceback" not in str(result)
+
+
+def test_every_problem_key_has_a_case() -> None:
+    keys = {value for name, value in vars(exercise).items()
+            if name.isupper() and isinstance(value, str)
+            and value not in (exercise.DEVICE_TYPE, exercise.PRAISE, exercise.OVERFLOW_ERROR)
+            and name not in ("RANDOM", "CAUSAL", "MID", "LARGE")}
+    # RAISED and TIMED_OUT: the crash and endless-loop tests below
+    covered = {key for _, _, key, _ in MISTAKES} | {exercise.RAISED, exercise.TIMED_OUT}
+    assert covered == keys
+
+
+def test_messages_name_the_setting_and_the_fix() -> None:
+    text = str(check_masked_attention(WRONG["scaled after the float16 matmul"]))
+    assert "[float16, float16 under autocast]" in text and "65504" in text
+    text = str(check_masked_attention(WRONG[".float() inside autocast, scaled after"]))
+    assert "[float16 under autocast]" in text and "enabled=False" in text
+    raised = str(check_masked_attention(WRONG["masked_fill(-1e9) on float16 scores"]))
+    assert exercise.OVERFLOW_ERROR in raised  # torch's own words, quoted in the message too
+
+
+def test_a_crash_is_reported_not_raised() -> None:
+    def broken(q, k, v, mask):
+        raise ValueError("not done yet")
+
+    result = check_masked_attention(broken)
+    assert result.keys == {exercise.RAISED}
+    assert "ValueError: not done yet" in str(result) and "Traceback" not in str(result)
+
+
+def test_an_endless_loop_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checking, "TIME_LIMIT_S", 0.2)
+
+    def endless(q, k, v, mask):
+        while True:
+            pass
+
+    result = check_masked_attention(endless)
+    assert result.keys == {exercise.TIMED_OUT}
+    assert "still running after" in str(result) and "Traceback" not in str(result)
+
+
+def test_checker_leaves_torch_unpatched() -> None:
+    sdpa, softmax = F.scaled_dot_product_attention, torch.Tensor.softmax
+
+    def switches_autocast_on(q, k, v, mask):
+        torch.set_autocast_enabled("cpu", True)
+        torch.set_autocast_dtype("cpu", torch.float16)
+        return reference_solution(q, k, v, mask)
+
+    check_masked_attention(switches_autocast_on)
+    assert F.scaled_dot_product_attention is sdpa and torch.Tensor.softmax is softmax
+    assert not torch.is_autocast_enabled("cpu")
+    assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+# -- correct spellings -----------------------------------------------------------------------------
+CORRECT = {
+    "reference solution: SDPA, then torch.where on fully masked rows": reference_solution,
+    "SDPA alone (zeros for fully masked rows on the CPU)": sdpa_alone,
+    "float32 scores, finfo(scores.dtype).min fill, torch.where": attention(fill="finfo"),
+    "float32 scores, -inf fill, nan_to_num on the weights": attention(zero_rows="nan_to_num"),
+    "q scaled first in float16, -inf fill, torch.where": attention(scores="scale q first"),
+    "q scaled first, finfo(float16).min fill, softmax by hand minus the max": attention(
+        scores="scale q first", fill="finfo", softmax="max subtracted"),
+    "einsum, additive float32 mask, nan_to_num on the output": hand_written_einsum,
+    "q scaled in place, SDPA with scale=1.0, masked_fill on fully masked rows": scales_q_in_place,
+}
+
+
+@pytest.mark.parametrize("name", list(CORRECT))
+def test_correct_spellings_pass(name: str) -> None:
+    result = check_masked_attention(CORRECT[name])
+    assert result.passed, str(result)
+
+
+def test_the_tolerance_leaves_room_both_ways() -> None:
+    """Right answers stay well inside ATOL; the mistakes judged by value are far outside it."""
+    worst_right = max(_worst_error(fn) for fn in CORRECT.values())
+    assert worst_right < exercise.ATOL / 2
+    for name in ("no 1/sqrt(d) scale", "softmax over the queries"):
+        assert _worst_error(WRONG[name]) > 10 * exercise.ATOL, name
+
+
+def _worst_error(fn: Callable[..., torch.Tensor]) -> float:
+    worst = 0.0
+    for scenario in exercise.SCENARIOS:
+        for case in exercise.make_cases():
+            outcome = exercise._run(fn, scenario, case)
+            worst = max(worst, outcome.error)
+    return worst
+
+
+# -- the inputs and the facts the messages state ---------------------------------------------------
+def test_inputs_are_adversarial_and_repeatable() -> None:
+    state = torch.random.get_rng_state()
+    cases = {case.name: case for case in exercise.make_cases()}
+    assert torch.equal(torch.random.get_rng_state(), state)
+    large = cases[exercise.LARGE]
+    unscaled = (large.q @ large.k.transpose(-2, -1)).abs().max().item()
+    fp16_max = torch.finfo(torch.float16).max
+    assert unscaled > fp16_max > unscaled / math.sqrt(exercise.HEAD_DIM)
+    mid = cases[exercise.MID]
+    assert (mid.q @ mid.k.transpose(-2, -1)).max().item() / 8 > math.log(fp16_max)
+    fully = ~cases[exercise.RANDOM].mask.any(-1)
+    assert fully.any() and not fully.all()
+    for case in cases.values():
+        assert torch.equal(case.q.half().float(), case.q)  # float16 holds every input exactly
+
+
+def test_the_facts_in_the_messages() -> None:
+    scores = torch.zeros(2, dtype=torch.float16)
+    mask = torch.tensor([True, False])
+    for value in (-1e9, torch.finfo(torch.float32).min):
+        with pytest.raises(RuntimeError, match=exercise.OVERFLOW_ERROR):
+            scores.masked_fill(mask, value)
+        assert torch.where(mask, value, scores)[0] == float("-inf")  # silently -inf
+    assert torch.finfo(torch.float16).min == -65504
+    assert torch.tensor(11.1, dtype=torch.float16).exp().isinf()
+    assert torch.tensor(11.08, dtype=torch.float16).exp().isfinite()
+    assert torch.tensor(88.8).exp().isinf() and torch.tensor(88.7).exp().isfinite()
+    nan_row = torch.full((3,), float("-inf")).softmax(-1)
+    assert nan_row.isnan().all() and (nan_row * 0).isnan().all()
+    assert torch.where(torch.tensor(False), nan_row, 0.0).eq(0).all()
+    x = torch.randn(1000, 16, generator=torch.Generator().manual_seed(0)).mul(3).half()
+    half_ulp_at_1 = torch.finfo(torch.float16).eps / 2
+    assert (x.softmax(-1).float() - x.float().softmax(-1)).abs().max() <= half_ulp_at_1
+
+
+def test_the_autocast_facts_in_the_messages() -> None:
+    """CPU: matmul on the lower-precision list, softmax and exp on none; CUDA: all three on a
+    list (matmul low precision, softmax and exp float32). Read from the dispatcher's registry and
+    run on the CPU."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    for op in ("aten::matmul", "aten::bmm", "aten::scaled_dot_product_attention"):
+        assert has(op, "AutocastCPU") and has(op, "AutocastCUDA"), op
+    for op in ("aten::softmax.int", "aten::exp"):
+        assert not has(op, "AutocastCPU") and has(op, "AutocastCUDA"), op
+    q = torch.randn(2, 4)
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert (q.float() @ q.float().T).dtype == torch.float16
+        assert q.half().softmax(-1).dtype == torch.float16 and q.softmax(-1).dtype == torch.float32
+
+
+def test_sdpa_gives_zeros_for_fully_masked_rows_on_the_cpu() -> None:
+    q = torch.randn(1, 1, 3, 8)
+    mask = torch.tensor([[True, False, True], [False, False, False], [True, True, True]])
+    for dtype in (torch.float32, torch.float16):
+        out = F.scaled_dot_product_attention(*(q.to(dtype),) * 3, attn_mask=mask)
+        assert out[0, 0, 1].eq(0).all() and out.isfinite().all()
