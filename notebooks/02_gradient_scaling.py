@@ -28,11 +28,11 @@
 # 1. measure the problem: how many of the course model's fp16 gradients become zero or subnormal;
 # 2. walk through one scaler step by hand: scale, backward, unscale, check, step or skip, update;
 # 3. watch the scale over many steps, with an inf injected on purpose;
-# 4. clip gradients the right way, and see what clipping scaled gradients does to SGD and to Adam;
+# 4. clip the right way, see what clipping scaled gradients does to SGD and Adam, write the step;
 # 5. see that bfloat16 needs none of this.
 #
-# Seeds are fixed (`torch.manual_seed(0)`), so each run starts from the same weights, and every
-# claim is checked by an `assert` in the cell that makes it.
+# Seeds are fixed (`torch.manual_seed(0)`): each run starts from the same weights. Every claim is
+# checked by an `assert` in the cell that makes it.
 
 # %%
 import numpy as np
@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, select_device
+from amp_tutorial.exercises.fp16_step import check_fp16_step
 from amp_tutorial.gradients import activation_grads, grad_norm, snapshot, update_norm, zero_fraction
 from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_gradient_magnitudes, plot_losses, plot_scale_history
@@ -56,11 +57,10 @@ print(f"preset {preset.name!r}: {preset.description}")
 # %% [markdown]
 # ### Where the fp16 work runs
 #
-# GradScaler matters for **float16**, the default autocast dtype on CUDA and ROCm GPUs. CPU
-# autocast accepts `dtype=torch.float16` too, and `torch.amp.GradScaler("cpu")` exists (checked on
-# torch 2.14), so without a GPU this lesson computes real fp16 gradients on the CPU. Most CPUs have
-# no fast fp16 arithmetic, so there we use a narrow network: the gradient magnitudes this lesson
-# is about depend on the loss and the image size, not on the width.
+# GradScaler matters for **float16**, the default autocast dtype on CUDA and ROCm GPUs. Without a
+# GPU this lesson computes real fp16 gradients on the CPU (CPU autocast takes `dtype=torch.float16`
+# and `torch.amp.GradScaler("cpu")` exists), in a narrow network, as most CPUs lack fast fp16
+# arithmetic: the gradient magnitudes depend on the loss and the image size, not on the width.
 
 # %%
 fp16_ok_here = torch.float16 in info.amp_dtypes or info.type == "cpu"
@@ -87,14 +87,12 @@ def new_model(device: torch.device) -> torch.nn.Module:
 # ## 1. The problem: fp16 gradients flush to zero
 #
 # The loss is the *mean* squared error over every pixel, so the gradient reaching each pixel's
-# activation is about `2 * error / number_of_pixels`: the larger the image (or batch), the
-# smaller each gradient. We use a 256x256 image (512x512 at the `paper` preset) and collect
-# the gradient that flows back into every convolution's output: in fp16 autocast those are
-# float16 tensors, exactly as the backward pass computes them.
-#
-# `activation_grads` (from `amp_tutorial.gradients`) runs one forward under autocast in the given
-# dtype, calls `backward()` on the loss times `loss_scale`, and returns those gradients as computed
-# and divided by `loss_scale` again in fp32, which is what GradScaler does for you.
+# activation is about `2 * error / number_of_pixels`: the larger the image (or batch), the smaller
+# each gradient. On a 256x256 image (512x512 at `paper`), `activation_grads` (from
+# `amp_tutorial.gradients`) runs one forward under autocast in the given dtype, calls `backward()`
+# on the loss times `loss_scale`, and returns the gradient that flowed into every convolution's
+# output, as computed (float16 under fp16 autocast) and divided by `loss_scale` again in fp32, as
+# GradScaler does.
 
 # %%
 underflow_grid = max(preset.grid, 256)
@@ -115,8 +113,6 @@ flushed = pd.DataFrame({
 flushed["below fp16 normal"] = [((g.abs() < SMALLEST_NORMAL) & (g != 0)).float().mean().item()
                                 for g in (true_grads, fp16_raw.float(), scaled_raw.float())]
 print(flushed.to_string(float_format=lambda v: f"{v:.2%}"))
-
-# %%
 assert zero_fraction(fp16_raw) > zero_fraction(true_grads)  # fp16 loses gradients fp32 keeps
 assert zero_fraction(scaled_raw) < zero_fraction(fp16_raw)  # scaling rescues them
 assert flushed["below fp16 normal"].iloc[2] < flushed["below fp16 normal"].iloc[1]
@@ -138,10 +134,9 @@ print(f"{below:.2%} of the true gradients are below half the smallest fp16 subno
 # %% [markdown]
 # The two numbers agree closely: the zeros are the gradients whose true value lies below fp16's
 # reach (small differences come from the rest of the backward pass rounding in fp16). A flushed
-# gradient is not noise: it is information the optimizer never sees, and the weight gradients are
-# sums of these activation gradients. Scaling does not change the update (GradScaler divides by
-# the same factor in fp32 before the optimizer step); it only moves the backward pass's numbers to
-# where fp16 can hold them.
+# gradient is not noise but information the optimizer never sees: weight gradients are sums of
+# these. Scaling does not change the update (GradScaler divides by the same factor in fp32 before
+# the optimizer step); it only moves the backward pass's numbers to where fp16 can hold them.
 #
 # ## 2. One GradScaler step, by hand
 #
@@ -175,22 +170,17 @@ assert torch.allclose(scaled_loss, loss * S)
 scaled_loss.backward()  # 2. backward, outside autocast
 grads_scaled = [p.grad.clone() for p in params]
 print(f"2. backward: largest scaled gradient {max(g.abs().max().item() for g in grads_scaled):.4g}")
-
 scaler.unscale_(optimizer)  # 3. unscale (in place, fp32)
 for p, g in zip(params, grads_scaled, strict=True):
     torch.testing.assert_close(p.grad * S, g, equal_nan=True)  # divided by S, nothing else
 print(f"3. unscale:  largest gradient now {max(p.grad.abs().max().item() for p in params):.4g}")
-
 finite = all(torch.isfinite(p.grad).all().item() for p in params)  # 4. the check step() makes
 print(f"4. check:    all gradients finite? {finite}")
-
-# %%
 before = [p.detach().clone() for p in params]
 scaler.step(optimizer)  # 5. step, or skip
 stepped = any(not torch.equal(b, p) for b, p in zip(before, params, strict=True))
 print(f"5. step:     weights {'updated' if stepped else 'unchanged: step skipped'}")
 assert stepped == finite
-
 scaler.update()  # 6. update the scale
 print(f"6. update:   scale {S:g} -> {scaler.get_scale():g}")
 assert scaler.get_scale() == (S if finite else S * scaler.get_backoff_factor())
@@ -242,8 +232,6 @@ for step in range(N_STEPS):  # every step follows the rule in the table above
 assert max(scales[INJECT_AT + 1:]) > scales[INJECT_AT + 1]  # and it grew again afterwards
 print(f"skipped steps: {[s for s in range(N_STEPS) if skipped[s]]}; scale {scales[0]:g} -> "
       f"{scales[-1]:g}")
-
-# %%
 fig = plot_scale_history(
     scales, skipped, f"GradScaler: backoff x0.5 on overflow, growth x2 after {GROWTH_INTERVAL} "
     "good steps", marked_step=INJECT_AT)
@@ -251,24 +239,19 @@ fig = plot_scale_history(
 # %% [markdown]
 # ### The four parameters, and when to change them
 #
-# Read from a default scaler on this device:
+# `init_scale`: early overflows skip a step or two, which is cheap; lower it only if many early
+# steps skip. `growth_interval` (good steps in a row before growing): lower it if the scale stays
+# low after early overflows, raise it if it oscillates, skipping often. `growth_factor` and
+# `backoff_factor` are rarely changed. The defaults, read from a scaler on this device:
 
 # %%
 default = torch.amp.GradScaler(fp16_device.type)
-defaults = pd.DataFrame({
-    "init_scale": [default.get_scale(), "the first scale; early overflows skip a step or two, "
-                   "which is cheap. Lower it only if many early steps skip."],
-    "growth_factor": [default.get_growth_factor(), "growth after good steps; rarely changed"],
-    "backoff_factor": [default.get_backoff_factor(), "shrink after an overflow; rarely changed"],
-    "growth_interval": [default.get_growth_interval(), "good steps in a row before growing: lower "
-                        "it if the scale stays low after early overflows, raise it if it "
-                        "oscillates, skipping often."],
-}, index=["default", "when to change it"]).T
+print({name: getattr(default, f"get_{name}")()
+       for name in ("scale", "growth_factor", "backoff_factor", "growth_interval")})
 assert (default.get_scale(), default.get_growth_interval()) == (2.0**16, 2000)
-display(defaults)
 
 # %% [markdown]
-# The defaults suit nearly every model. Watch instead for a `scaler.get_scale()` that keeps falling
+# They suit nearly every model. Watch instead for a `scaler.get_scale()` that keeps falling
 # towards 1, or many skipped steps: then the overflows are not rare spikes, something produces
 # inf/NaN in the forward pass (lesson 07's `autocast(enabled=False)` regions and fp32 losses help).
 #
@@ -287,10 +270,9 @@ display(defaults)
 # ```
 #
 # What the wrong order costs depends on the **optimizer**. `train_clipped` below is the AMP loop
-# with clipping in either order; per step it records the norm the clip measured, the norm of the
-# (unscaled) gradients the optimizer then gets, and how far the step moved the weights
-# (`amp_tutorial.gradients` measures the norms). A 64x64 image keeps it quick, and a fixed scale
-# of 2^10 keeps the first step from overflowing.
+# clipping in either order; per step it records the norm the clip measured, the norm of the
+# (unscaled) gradients the optimizer then gets, and how far the step moved the weights. A 64x64
+# image keeps it quick; a fixed scale of 2^10 keeps the first step from overflowing.
 
 # %%
 ORDERS = ("unscale_ then clip", "clip then unscale_")
@@ -348,8 +330,7 @@ assert np.isclose(shrink["SGD"], CLIP_SCALE, rtol=1e-2)  # clip fires either way
 assert 0.8 < shrink["Adam"] < 1.25  # Adam: about the same step
 
 # %%
-# SGD with a clip meant for spikes (max_norm = 10 x the true norm): only the wrong order clips,
-# so its step is S * ||g|| / max_norm = S / 10 times too small, not S times.
+# SGD, max_norm = 10 x the true norm (a clip for spikes): only the wrong order clips, S/10 too small
 spike_sgd = {order: train_clipped(torch.optim.SGD, order, 10 * true_norm).iloc[0]
              for order in ORDERS}
 spike_shrink = spike_sgd[ORDERS[0]]["update"] / spike_sgd[ORDERS[1]]["update"]
@@ -368,9 +349,8 @@ assert np.isclose(spike_shrink, CLIP_SCALE / 10, rtol=1e-2)
 #
 # ### Adam: a clip meant for spikes fires on every step
 #
-# A typical setting: `max_norm` well above the usual gradient norm (here 10 times the first
-# step's), so that it only catches rare spikes. Trained for a few dozen steps with Adam, in both
-# orders and without clipping:
+# A typical setting: `max_norm` well above the usual gradient norm (here 10 times the first step's),
+# to catch only rare spikes. A few dozen Adam steps in both orders, and without clipping:
 
 # %%
 CLIP_STEPS = min(max(preset.steps // 2, 6), 64)
@@ -410,6 +390,26 @@ print(f"update norm, first -> last step: unscale_ first {right['update'].iloc[0]
 # reads or changes `.grad` between backward and step (gradient logging, custom regularisers)
 # needs `scaler.unscale_(optimizer)` first, too.
 #
+# ### Exercise: one fp16 step with clipping
+#
+# Write `fp16_step`: zero the gradients, run the forward pass and the loss under float16 autocast
+# for `inputs.device.type`, then this section's five lines; return the loss as a float. The checker
+# runs a few steps of a small CPU problem with SGD and Adam, compares the weights with fp32's, and
+# starts one run at scale 2^24 so the first step overflows: it must be skipped, the scale halved.
+
+# %% tags=["exercise"] solution="fp16_step.py"
+# YOUR CODE: replace the body, run this cell, then the checker below.
+def fp16_step(model, optimizer, scaler, inputs, targets, loss_fn, max_norm):
+    """One float16 training step with gradient clipping; return the loss as a float."""
+    raise NotImplementedError("zero_grad, forward + loss under autocast, then section 4's lines")
+
+
+# %%
+result = check_fp16_step(fp16_step)
+print(result)
+assert result.passed, "fix the problems listed above, re-run your cell, then this one"
+
+# %% [markdown]
 # ## 5. bfloat16 needs no scaler
 #
 # bf16 has fp32's 8 exponent bits, so its smallest normal number is fp32's, about 1e-38, far

@@ -43,6 +43,13 @@ class _Iteration:
     zeroed: bool = False  # the gradients were zeroed after backward, before the step used them
 
 
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shape, dtype and values, NaN equal to NaN: an overflowing backward leaves NaN
+    gradients, and ``torch.equal`` would call them changed."""
+    return (a.shape == b.shape and a.dtype == b.dtype
+            and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True))
+
+
 class TrainingSpy:
     """Watches one run of the learner's function and counts what it did at each step."""
 
@@ -141,7 +148,7 @@ class TrainingSpy:
             return  # zeroed, not clipped: named as such
         for p, before in zip(self.params, self.after_backward, strict=True):
             if (p.grad is None) != (before is None) or (
-                    before is not None and not torch.equal(p.grad, before)):
+                    before is not None and not _same_values(p.grad, before)):
                 self.count["modified_before_unscale"] += 1
                 return
 

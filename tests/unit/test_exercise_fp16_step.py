@@ -1,0 +1,317 @@
+"""check_fp16_step: every listed mistake is named, and every correct variant passes.
+
+``amp_step()`` builds the reference step; each wrong case changes exactly one thing in it, so the
+checker must report that mistake's key and nothing else (RAISED may come with it where GradScaler
+refuses the call order). The checker watches what the code does at run time, so a built step and a
+hand-written one with the same calls look the same to it;
+``test_builder_defaults_are_the_reference_step`` keeps the builder honest about that.
+"""
+
+from __future__ import annotations
+
+import runpy
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+
+import pytest
+import torch
+from torch import nn
+
+from amp_tutorial.exercises import checking
+from amp_tutorial.exercises import fp16_step as exercise
+from amp_tutorial.exercises.fp16_step import check_fp16_step
+from tests.support import SOLUTIONS
+
+reference_solution = runpy.run_path(str(SOLUTIONS / "fp16_step.py"))["fp16_step"]
+
+
+# -- the step builder ------------------------------------------------------------------------------
+def amp_step(
+    *,
+    zero_grad: str = "start",  # "start", "never", or "after backward" (before unscale_)
+    zero_on_model: bool = False,
+    set_to_none: bool | None = True,  # None: zero_grad() with its default
+    autocast: Callable[..., AbstractContextManager] = torch.autocast,
+    autocast_dtype: bool = True,  # False: no dtype= (the device type's default)
+    forward_in_autocast: bool = True,
+    loss_in_autocast: bool = True,
+    backward_in_autocast: bool = False,
+    backward: str = "scaled",  # "scaled", "autograd" (torch.autograd.backward(scaled)),
+    # "unscaled" (loss.backward(), no scale() at all) or "scaled, loss" (scale() discarded)
+    unscale: str = "before clip",  # "before clip", "after clip", "never" or "twice"
+    clip: str = "model",  # "model" (model.parameters()), "groups" (optimizer.param_groups),
+    # "L1" (norm_type=1), "none"
+    step: str = "scaler",  # "scaler", "optimizer" (optimizer.step() only) or "both"
+    update: str = "always",  # "always", "never", "pinned" (update(scale before the step)) or
+    # "if finite" (step and update only when the clipped norm is finite)
+    own_scaler: bool = False,  # a new GradScaler inside the step, not the one passed in
+    returns: str = "item",  # "item", "float", "scaled", "tensor", "none" or "grad norm"
+) -> Callable[..., object]:
+    """An ``fp16_step`` doing the reference solution's calls, changed as the options say."""
+    def zero(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        owner = model if zero_on_model else optimizer
+        if set_to_none is None:
+            owner.zero_grad()
+        else:
+            owner.zero_grad(set_to_none=set_to_none)
+
+    def amp(on: bool, device_type: str) -> AbstractContextManager:
+        if not on:
+            return nullcontext()
+        if autocast_dtype:
+            return autocast(device_type=device_type, dtype=torch.float16)
+        return autocast(device_type=device_type)
+
+    def fp16_step(model, optimizer, scaler, inputs, targets, loss_fn, max_norm):
+        device_type = inputs.device.type
+        if own_scaler:
+            scaler = torch.amp.GradScaler(device_type)
+        if zero_grad == "start":
+            zero(model, optimizer)
+        with amp(forward_in_autocast, device_type):
+            outputs = model(inputs)
+        with amp(forward_in_autocast and loss_in_autocast, device_type):
+            loss = loss_fn(outputs, targets)
+        with amp(backward_in_autocast, device_type):
+            scaled = scaler.scale(loss) if backward != "unscaled" else loss
+            if backward == "autograd":
+                torch.autograd.backward(scaled)
+            elif backward == "scaled":
+                scaled.backward()
+            else:
+                loss.backward()
+        if zero_grad == "after backward":
+            zero(model, optimizer)
+        for _ in range({"before clip": 1, "twice": 2}.get(unscale, 0)):
+            scaler.unscale_(optimizer)
+        params = ([p for group in optimizer.param_groups for p in group["params"]]
+                  if clip == "groups" else model.parameters())
+        norm = torch.tensor(0.0)
+        if clip != "none":
+            norm = nn.utils.clip_grad_norm_(params, max_norm, norm_type=1 if clip == "L1" else 2)
+        if unscale == "after clip":
+            scaler.unscale_(optimizer)
+        scale = scaler.get_scale()
+        if update != "if finite" or torch.isfinite(norm):
+            if step in ("scaler", "both"):
+                scaler.step(optimizer)
+            if step in ("optimizer", "both"):
+                optimizer.step()
+            if update in ("always", "if finite"):
+                scaler.update()
+            elif update == "pinned":
+                scaler.update(scale)
+        return {"item": loss.item(), "float": float(loss.detach()), "scaled": scaled.item(),
+                "tensor": loss, "none": None, "grad norm": norm.item()}[returns]
+
+    return fp16_step
+
+
+def test_builder_defaults_are_the_reference_step() -> None:
+    for scenario in exercise.SCENARIOS:
+        runs = []
+        for fn in (reference_solution, amp_step()):
+            model, data = exercise.make_step_problem()
+            optimizer = exercise._optimizer(scenario, model)
+            scaler = torch.amp.GradScaler("cpu", init_scale=scenario.init_scale)
+            losses = [fn(model, optimizer, scaler, inputs, targets, nn.MSELoss(),
+                         exercise.MAX_NORM) for inputs, targets in data[:scenario.steps]]
+            runs.append((losses, exercise._params(model), scaler.get_scale()))
+        assert runs[0][0] == runs[1][0] and runs[0][2] == runs[1][2], scenario.name
+        assert torch.equal(runs[0][1], runs[1][1]), scenario.name
+
+
+# -- one mistake each ------------------------------------------------------------------------------
+# (case, the one change to the reference step, the key the checker must report, whether GradScaler
+# also raises; the checker then reports the error too, as RAISED)
+MISTAKES = [
+    ("clip before unscale_", amp_step(unscale="after clip"), exercise.CLIP_BEFORE_UNSCALE,
+     False),
+    ("no unscale_: clip on scaled gradients", amp_step(unscale="never"),
+     exercise.CLIP_WITHOUT_UNSCALE, False),
+    ("no clipping", amp_step(clip="none"), exercise.NOT_CLIPPED, False),
+    ("optimizer.step() directly", amp_step(step="optimizer"), exercise.OPTIMIZER_STEP_DIRECT,
+     False),
+    ("scaler.step, then optimizer.step() too", amp_step(step="both"), exercise.STEPPED_TWICE,
+     False),
+    ("no scaler.update()", amp_step(update="never"), exercise.NO_SCALER_UPDATE, True),
+    ("backward inside autocast", amp_step(backward_in_autocast=True),
+     exercise.BACKWARD_IN_AUTOCAST, False),
+    ("loss not scaled", amp_step(backward="unscaled"), exercise.LOSS_NOT_SCALED, True),
+    ("scaled loss made, backward on the loss", amp_step(backward="scaled, loss"),
+     exercise.LOSS_NOT_SCALED, False),
+    ("unscale_ twice", amp_step(unscale="twice"), exercise.UNSCALED_TWICE, True),
+    ("zero_grad between backward and step", amp_step(zero_grad="after backward"),
+     exercise.GRADS_ZEROED_BEFORE_STEP, True),
+    ("zero_grad(set_to_none=False) between backward and step",
+     amp_step(zero_grad="after backward", set_to_none=False), exercise.GRADS_ZEROED_BEFORE_STEP,
+     False),
+    ("no zero_grad", amp_step(zero_grad="never"), exercise.GRADS_NOT_ZEROED, False),
+    ("forward without autocast", amp_step(forward_in_autocast=False),
+     exercise.FORWARD_NOT_AUTOCAST, False),
+    ("autocast without dtype (bfloat16 on a CPU)", amp_step(autocast_dtype=False),
+     exercise.WRONG_AUTOCAST_DTYPE, False),
+    ("a new GradScaler inside the step", amp_step(own_scaler=True), exercise.OTHER_SCALER,
+     False),
+    ("returns the scaled loss", amp_step(returns="scaled"), exercise.RETURNED_SCALED_LOSS,
+     False),
+    ("returns the loss tensor", amp_step(returns="tensor"), exercise.WRONG_RETURN, False),
+    ("returns None", amp_step(returns="none"), exercise.WRONG_RETURN, False),
+    ("returns the gradient norm", amp_step(returns="grad norm"), exercise.LOSS_NOT_LIKE_FP32,
+     False),
+    ("clips the L1 norm", amp_step(clip="L1"), exercise.PARAMS_NOT_LIKE_FP32, False),
+    ("step and update skipped on a non-finite norm", amp_step(update="if finite"),
+     exercise.OVERFLOW_NOT_HANDLED, False),
+    ("update(new_scale) keeps the scale", amp_step(update="pinned"),
+     exercise.OVERFLOW_NOT_HANDLED, False),
+]
+WRONG = {name: fn for name, fn, _, _ in MISTAKES}
+
+
+@pytest.mark.parametrize(("fn", "key", "also_raises"),
+                         [pytest.param(*case[1:], id=case[0]) for case in MISTAKES])
+def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises: bool) -> None:
+    result = check_fp16_step(fn)
+    assert not result.passed
+    expected = {key, exercise.RAISED} if also_raises else {key}
+    assert result.keys == expected, str(result)
+    assert all(p.message for p in result.problems)
+
+
+def test_every_problem_key_has_a_case() -> None:
+    keys = {value for name, value in vars(exercise).items()
+            if name.isupper() and isinstance(value, str)
+            and value not in (exercise.DEVICE_TYPE, exercise.PRAISE)}
+    # RAISED and TIMED_OUT: the crash and endless-loop tests below
+    covered = {key for _, _, key, _ in MISTAKES} | {exercise.RAISED, exercise.TIMED_OUT}
+    assert covered == keys
+
+
+def test_report_is_plain_words() -> None:
+    text = str(check_fp16_step(WRONG["no unscale_: clip on scaled gradients"]))
+    assert "scaler.unscale_(optimizer)" in text and "Traceback" not in text
+
+
+def test_messages_quote_what_torch_raises() -> None:
+    """Where GradScaler refuses the call order, the message quotes torch's own words."""
+    for case, words in [("unscale_ twice", "unscale_() has already been called on this "
+                                            "optimizer since the last update()."),
+                        ("no scaler.update()", "unscale_() is being called after step()."),
+                        ("zero_grad between backward and step",
+                         "No inf checks were recorded for this optimizer."),
+                        ("loss not scaled", "Attempted unscale_ but _scale is None.")]:
+        result = check_fp16_step(WRONG[case])
+        raised = next(p.message for p in result.problems if p.key == exercise.RAISED)
+        named = next(p.message for p in result.problems if p.key != exercise.RAISED)
+        assert words in raised and words in named, case
+
+
+def test_a_crash_is_reported_not_raised() -> None:
+    def broken(*args, **kwargs):
+        raise NotImplementedError("not done yet")
+
+    result = check_fp16_step(broken)
+    assert result.keys == {exercise.RAISED}
+    assert "NotImplementedError: not done yet" in str(result)
+
+
+def test_an_endless_loop_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checking, "TIME_LIMIT_S", 0.2)
+
+    def endless(*args, **kwargs):
+        while True:
+            pass
+
+    result = check_fp16_step(endless)
+    assert result.keys == {exercise.TIMED_OUT}
+    assert "still running after" in str(result) and "Traceback" not in str(result)
+
+
+def test_checker_leaves_torch_unpatched() -> None:
+    patched = (torch.autograd.backward, torch.amp.GradScaler.scale, torch.amp.GradScaler.unscale_,
+               torch.amp.GradScaler.step, torch.amp.GradScaler.update)
+    check_fp16_step(WRONG["unscale_ twice"])
+    assert patched == (torch.autograd.backward, torch.amp.GradScaler.scale,
+                       torch.amp.GradScaler.unscale_, torch.amp.GradScaler.step,
+                       torch.amp.GradScaler.update)
+
+
+# -- correct variants ------------------------------------------------------------------------------
+def hand_written_step(model, optimizer, scaler, inputs, targets, loss_fn, max_norm):
+    """A right step written differently: gradients set to None by hand, positional autocast
+    arguments, the loss detached before .item()."""
+    for p in model.parameters():
+        p.grad = None
+    with torch.autocast(inputs.device.type, torch.float16):
+        loss = loss_fn(model(inputs), targets)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    nn.utils.clip_grad_norm_(list(model.parameters()), max_norm=max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach().item()
+
+
+CORRECT = {
+    "reference solution": reference_solution,
+    "set_to_none=False, torch.autograd.backward, clip via param_groups": amp_step(
+        set_to_none=False, backward="autograd", clip="groups"),
+    "torch.amp.autocast, the loss outside autocast, float(loss.detach())": amp_step(
+        autocast=torch.amp.autocast, loss_in_autocast=False, returns="float"),
+    "model.zero_grad() with its default": amp_step(zero_on_model=True, set_to_none=None),
+    "hand-written: grads set to None by hand, positional autocast": hand_written_step,
+}
+
+
+@pytest.mark.parametrize("name", list(CORRECT))
+def test_correct_variants_pass(name: str) -> None:
+    result = check_fp16_step(CORRECT[name])
+    assert result.passed, str(result)
+    assert "All checks passed" in str(result)
+
+
+# -- the problem itself ----------------------------------------------------------------------------
+def reference_run(scenario: exercise.Scenario) -> tuple[list[float], torch.Tensor, float, int]:
+    """The reference step on ``scenario``: losses, parameters' change, final scale, and how many
+    optimizer steps ran."""
+    model, data = exercise.make_step_problem()
+    initial = exercise._params(model)
+    optimizer = exercise._optimizer(scenario, model)
+    stepped = []
+    optimizer.register_step_post_hook(lambda *args: stepped.append(1))
+    scaler = torch.amp.GradScaler("cpu", init_scale=scenario.init_scale)
+    losses = [reference_solution(model, optimizer, scaler, inputs, targets, nn.MSELoss(),
+                                 exercise.MAX_NORM) for inputs, targets in data[:scenario.steps]]
+    return losses, exercise._params(model) - initial, scaler.get_scale(), len(stepped)
+
+
+@pytest.mark.parametrize("scenario", exercise.SCENARIOS, ids=lambda s: s.name)
+def test_the_scenarios_do_what_they_say(scenario: exercise.Scenario) -> None:
+    """A correct step overflows only in the overflow scenario, and stays near fp32 elsewhere."""
+    losses, change, scale, stepped = reference_run(scenario)
+    if scenario.overflows:  # skipped, and the scale backed off
+        assert (stepped, scale) == (0, scenario.init_scale / 2) and not change.any()
+        assert scenario.init_scale / 32 > exercise.INIT_SCALE  # a wide margin, see the module
+        return
+    assert (stepped, scale) == (scenario.steps, scenario.init_scale)  # nothing skipped
+    ref_losses, ref_params = exercise._fp32_reference(scenario)
+    ref_change = ref_params - exercise._params(exercise.make_step_problem()[0])
+    rel = ((change - ref_change).norm() / ref_change.norm()).item()
+    assert rel < exercise.PARAMS_RTOL[scenario.optimizer] / 2  # the tolerance has room
+    assert losses == pytest.approx(ref_losses, rel=exercise.LOSS_RTOL / 5)
+
+
+def test_the_clip_fires_on_the_first_step() -> None:
+    """MAX_NORM is below the first step's gradient norm, so a missing clip shows."""
+    model, data = exercise.make_step_problem()
+    nn.functional.mse_loss(model(data[0][0]), data[0][1]).backward()
+    norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+    assert norm > 2 * exercise.MAX_NORM
+
+
+def test_problem_is_repeatable_and_leaves_global_rng_alone() -> None:
+    state = torch.random.get_rng_state()
+    (model_a, data_a), (model_b, data_b) = (exercise.make_step_problem() for _ in range(2))
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert torch.equal(exercise._params(model_a), exercise._params(model_b))
+    assert torch.equal(data_a[0][0], data_b[0][0])
