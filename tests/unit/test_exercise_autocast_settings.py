@@ -253,6 +253,22 @@ def test_correct_spellings_pass(name: str) -> None:
     assert str(result) == exercise.PRAISE
 
 
+def test_a_right_answer_this_torch_refuses_still_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older torch may refuse a device type it was not built for: not the learner's fault."""
+    real = torch.autocast
+
+    def autocast(device_type, dtype=None, enabled=True, cache_enabled=None):
+        if device_type == "mps":
+            raise RuntimeError("User specified an unsupported autocast device_type 'mps'")
+        return real(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    monkeypatch.setattr(torch, "autocast", autocast)
+    result = check_autocast_settings(reference_solution)
+    assert result.passed and str(result) != exercise.PRAISE
+    assert "[mps] torch.autocast(device_type='mps', dtype=torch.float16) raised RuntimeError: " \
+           "User specified an unsupported autocast device_type 'mps'." in str(result)
+
+
 # -- what the messages say, checked on the installed torch ----------------------------------------
 def test_every_reference_answer_is_taken_by_autocast() -> None:
     for scenario in SCENARIOS:
