@@ -32,7 +32,8 @@
 # 1. compare fp32, fp16 and bf16: range, precision, and what underflows;
 # 2. see autocast lower a matrix multiply but leave an addition alone, on *your* device;
 # 3. generate autocast's op policy live, for your device and every other one, because it differs;
-# 4. see why only the forward pass and the loss belong inside autocast.
+# 4. see why only the forward pass and the loss belong inside autocast;
+# 5. write the function that picks autocast's settings for any device (a checker grades it).
 #
 # Every claim below is checked by an `assert` in the cell that makes it, so if a future PyTorch
 # changes the behaviour, this notebook fails instead of teaching something false.
@@ -59,6 +60,7 @@ from amp_tutorial.autocast_policy import (
     visible_promotions,
 )
 from amp_tutorial.device import describe_device, dtype_name, select_device
+from amp_tutorial.exercises.autocast_settings import check_autocast_settings
 from amp_tutorial.plots import plot_dtype_ranges
 
 # %%
@@ -342,6 +344,65 @@ assert loss.dtype == torch.float32  # mse_loss is on the float32 list
 assert grad_dtypes == {torch.float32}  # gradients land on the fp32 weights, in fp32
 
 # %% [markdown]
+# ## 5. Exercise: choose autocast's settings for any device
+#
+# Every cell above took `info.type` and `amp_dtype` from the course's `select_device`. Every AMP
+# loop starts with that choice, so now you write it: `autocast_settings(device)` takes a
+# `torch.device` and returns a tuple `(device_type, dtype, use_scaler)`.
+#
+# - `device_type`: the string for `torch.autocast`, the device's type without its index (`"cuda"`
+#   for `torch.device("cuda", 0)`), read from the device, never a hard-coded `"cuda"`.
+# - `dtype`: `torch.bfloat16` only where the device computes it natively, else `torch.float16`:
+#   - `cpu`: `torch.bfloat16` on every CPU. It is CPU autocast's default; a CPU without bf16
+#     instructions emulates it, and the device line at the top says which yours does.
+#   - `cuda` (NVIDIA): bfloat16 if `torch.cuda.is_bf16_supported(including_emulation=False)`, else
+#     float16. Plain `is_bf16_supported()` also counts emulated bf16 (read from
+#     `torch/cuda/__init__.py`), so it says True on a V100 or a T4.
+#   - `mps`: `torch.float16`; PyTorch cannot ask an Apple GPU whether its bf16 is native.
+#   - `xpu` (Intel): bfloat16 if `torch.xpu.is_bf16_supported(including_emulation=False)`, else
+#     float16.
+# - `use_scaler`: `True` exactly when `dtype` is `torch.float16` (lesson 02 shows why).
+#
+# AMD GPUs (ROCm) are left out: there `torch.cuda.is_bf16_supported()` says True for every GPU,
+# whatever the argument (read from `torch/cuda/__init__.py`), so the course reads the GPU's
+# architecture instead. On an NVIDIA or AMD GPU with native bf16, `select_device` offers both
+# dtypes and lists float16 first; this exercise takes bfloat16 wherever it is native.
+#
+# The checker calls your function for the CPU, `cuda:0` on a simulated Ampere GPU (native bf16)
+# and T4 (bf16 only emulated), `mps`, and `xpu:0` with and without native bf16. It simulates a
+# device by replacing, during the call, `torch.cuda.is_available`, `torch.cuda.is_bf16_supported`,
+# `torch.cuda.get_device_capability`, `torch.backends.mps.is_available`, `torch.xpu.is_available`
+# and `torch.xpu.is_bf16_supported`: call those inside your function, and no other device query.
+# Then it hands your answer to `torch.autocast` and quotes what autocast does with it.
+
+# %% tags=["exercise"] solution="autocast_settings.py"
+# YOUR CODE: replace the body of this function, run this cell, then run the checker below.
+def autocast_settings(device):
+    """(device_type, dtype, use_scaler) for torch.autocast and a GradScaler on ``device``."""
+    raise NotImplementedError(
+        "Branch on device.type: bfloat16 on cpu, float16 on mps, and on cuda or xpu bfloat16 "
+        "only if is_bf16_supported(including_emulation=False) says True; use_scaler follows "
+        "from the dtype."
+    )
+
+
+# %%
+result = check_autocast_settings(autocast_settings)
+print(result)
+assert result.passed, "fix the problems listed above, re-run your cell, then this one"
+
+# %% [markdown]
+# Your function on this machine's device, next to the course's choice:
+
+# %%
+device_type, dtype, use_scaler = autocast_settings(info.device)
+print(f"autocast_settings: {device_type!r}, {dtype}, GradScaler {use_scaler}")
+print(f"select_device:     {info.type!r}, {amp_dtype}, GradScaler {info.needs_grad_scaler()}")
+assert device_type == info.type and use_scaler == info.needs_grad_scaler(dtype)
+assert torch.get_autocast_dtype("cpu") == torch.bfloat16  # CPU autocast's default dtype
+assert not hasattr(torch.mps, "is_bf16_supported")  # no way to ask MPS about native bf16
+
+# %% [markdown]
 # ## What to remember
 #
 # - fp16: about 3.3 significant decimal digits, a narrow range (smallest subnormal about 6e-8,
@@ -353,5 +414,8 @@ assert grad_dtypes == {torch.float32}  # gradients land on the fp32 weights, in 
 # - The lists depend on the device (CPU and CUDA differ a lot, MPS keeps batch_norm in fp32): probe
 #   them, comparing autocast on and off, rather than trusting a table written for another device.
 #   Fake tensors probe a device you do not have, through the same dispatcher.
+# - `device_type` is `device.type`, never with an index; the dtype is bf16 where the device
+#   computes it natively (`is_bf16_supported(including_emulation=False)` on NVIDIA and Intel, always
+#   on a CPU), fp16 otherwise, and fp16 alone needs a GradScaler.
 # - Wrap the forward pass and loss only. Next, **lesson 02** shows why fp16 gradients vanish and how
 #   `torch.amp.GradScaler` rescues them; **lesson 03** trains a real model both ways.

@@ -22,8 +22,9 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from amp_tutorial import select_device
 from amp_tutorial.device import DeviceInfo, dtype_name, fp32_baseline
-from course_tools.catalogue import notebooks_dir
-from tests.support import ROOT
+from course_tools.answers import use_solutions
+from course_tools.catalogue import lesson_paths, notebooks_dir
+from tests.support import ROOT, SOLUTIONS
 from tests.support.lab_server import LabServer, start_lab
 from tests.support.notebook_page import FIGURE_CELL, UI_TIMEOUT_MS, Cell, read_cells
 
@@ -45,11 +46,16 @@ RUN_FINISHED_JS = """(panel) => {
 
 @pytest.fixture(scope="module")
 def lab(marker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
-    """The course's JupyterLab at the smoke preset, serving a copy of notebooks/."""
+    """The course's JupyterLab at the smoke preset, serving a copy of notebooks/ with the reference
+    answers in the exercise cells: a learner who has solved them, so Run All runs to the end."""
     workdir = tmp_path_factory.mktemp("lab")
     root = workdir / "notebooks"
     shutil.copytree(notebooks_dir(), root,
                     ignore=shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints", "__pycache__"))
+    for path in lesson_paths(root):
+        notebook = jupytext.read(path)
+        if use_solutions(notebook, SOLUTIONS):
+            jupytext.write(notebook, path, fmt="py:percent")
     name, value = marker.split("=", 1)
     server = start_lab(root, workdir, {"AMP_TUTORIAL_PRESET": "smoke", name: value})
     try:

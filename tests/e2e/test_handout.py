@@ -2,8 +2,9 @@
 
 Rendering every lesson takes minutes, so the command runs at the ``smoke`` preset on the first
 lesson and every lesson with an exercise (each stub shown, its answer and checker output hidden);
-the index is checked against every lesson without running them. Chromium is the one ``test_browser`` uses (``tests/conftest.py``);
-without it these tests skip, except under ``CI=true``.
+the index is checked against every lesson without running them. Chromium is the one
+``test_browser`` uses (``tests/conftest.py``); without it these tests skip, except under
+``CI=true``.
 """
 
 from __future__ import annotations

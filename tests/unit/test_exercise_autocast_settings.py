@@ -1,0 +1,366 @@
+"""check_autocast_settings: every listed mistake is named, every correct spelling passes, and the
+facts its messages state hold for the installed torch.
+
+``settings()`` builds the reference answer; each wrong case changes exactly one thing in it, so the
+checker must report that mistake's key and nothing else. The right spellings are written out by
+hand, each differently (an if/elif chain, a dict of rules, ``getattr(torch, device.type)``,
+``match``, the compute capability).
+"""
+
+from __future__ import annotations
+
+import inspect
+import runpy
+import warnings
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import NamedTuple
+from unittest import mock
+
+import pytest
+import torch
+
+from amp_tutorial.exercises import autocast_settings as exercise
+from amp_tutorial.exercises import checking
+from amp_tutorial.exercises.autocast_settings import (
+    SCENARIOS,
+    SIMULATED,
+    autocast_reaction,
+    check_autocast_settings,
+    expected_settings,
+    simulate,
+)
+from tests.support import SOLUTIONS
+
+reference_solution = runpy.run_path(str(SOLUTIONS / "autocast_settings.py"))["autocast_settings"]
+FP16, BF16 = torch.float16, torch.bfloat16
+
+
+# -- the answer builder ----------------------------------------------------------------------------
+def native_bf16(device: torch.device) -> bool:
+    """What the reference asks on a GPU: native bf16, emulation not counted."""
+    module = torch.cuda if device.type == "cuda" else torch.xpu
+    return module.is_bf16_supported(including_emulation=False)
+
+
+def settings(
+    *,
+    device_type: Callable[[torch.device], object] = lambda d: d.type,
+    native: Callable[[torch.device], bool] = native_bf16,  # asked for cuda and xpu only
+    cpu_dtype: object = BF16,
+    mps_dtype: object = FP16,
+    scaler: Callable[[torch.device, object], object] = lambda d, dtype: dtype == FP16,
+    pack: Callable[[object, object, object], object] = lambda t, dtype, s: (t, dtype, s),
+) -> Callable[[torch.device], object]:
+    """An ``autocast_settings`` doing the reference's steps, changed as the options say."""
+    def autocast_settings(device: torch.device) -> object:
+        if device.type == "cpu":
+            dtype = cpu_dtype
+        elif device.type == "mps":
+            dtype = mps_dtype
+        else:
+            dtype = BF16 if native(device) else FP16
+        return pack(device_type(device), dtype, scaler(device, dtype))
+
+    return autocast_settings
+
+
+def test_builder_defaults_are_the_reference() -> None:
+    for scenario in SCENARIOS:
+        with ExitStack() as stack:
+            simulate(scenario, stack)
+            answers = {reference_solution(scenario.device), settings()(scenario.device)}
+        assert answers == {expected_settings(scenario)}, scenario.name
+
+
+# -- one mistake each ------------------------------------------------------------------------------
+def as_dict(t: object, dtype: object, s: object) -> object:
+    return {"device_type": t, "dtype": dtype, "use_scaler": s}
+
+
+MISTAKES = [
+    ("hard-coded cuda", settings(device_type=lambda d: "cuda"), exercise.DEVICE_TYPE_HARD_CODED),
+    ("str(device): cuda:0 with its index", settings(device_type=str),
+     exercise.DEVICE_TYPE_WITH_INDEX),
+    ("type and index spelled out", settings(device_type=lambda d: f"{d.type}:{d.index or 0}"),
+     exercise.DEVICE_TYPE_WITH_INDEX),
+    ("the torch.device itself", settings(device_type=lambda d: d), exercise.DEVICE_TYPE_NOT_STR),
+    ("'gpu' for every accelerator",
+     settings(device_type=lambda d: "cpu" if d.type == "cpu" else "gpu"),
+     exercise.DEVICE_TYPE_UNKNOWN),
+    ("the type of whatever is available",
+     settings(device_type=lambda d: "cuda" if torch.cuda.is_available() else "cpu"),
+     exercise.DEVICE_TYPE_OTHER_DEVICE),
+    ("bf16 with emulation counted (no including_emulation=False)",
+     settings(native=lambda d: getattr(torch, d.type).is_bf16_supported()),
+     exercise.BF16_EMULATED),
+    ("fp16 on every GPU", settings(native=lambda d: False), exercise.BF16_NATIVE_IGNORED),
+    ("fp16 on the CPU", settings(cpu_dtype=FP16), exercise.FP16_ON_CPU),
+    ("bf16 on MPS", settings(mps_dtype=BF16), exercise.BF16_ON_MPS),
+    ("fp32 on the CPU", settings(cpu_dtype=torch.float32), exercise.DTYPE_NOT_16_BIT),
+    ("dtype as a string",
+     settings(pack=lambda t, dtype, s: (t, str(dtype).removeprefix("torch."), s)),
+     exercise.DTYPE_NOT_TORCH_DTYPE),
+    ("no scaler with fp16", settings(scaler=lambda d, dtype: False),
+     exercise.NO_SCALER_WITH_FP16),
+    ("a scaler always", settings(scaler=lambda d, dtype: True), exercise.SCALER_WITH_BF16),
+    ("a scaler on every GPU", settings(scaler=lambda d, dtype: d.type != "cpu"),
+     exercise.SCALER_WITH_BF16),
+    ("a GradScaler object, not a bool",
+     settings(scaler=lambda d, dtype: torch.amp.GradScaler(d.type, enabled=dtype == FP16)),
+     exercise.SCALER_NOT_BOOL),
+    ("use_scaler left out as None", settings(scaler=lambda d, dtype: None),
+     exercise.SCALER_NOT_BOOL),
+    ("dtype first", settings(pack=lambda t, dtype, s: (dtype, t, s)), exercise.WRONG_ORDER),
+    ("use_scaler first", settings(pack=lambda t, dtype, s: (s, t, dtype)), exercise.WRONG_ORDER),
+    ("two values, no use_scaler", settings(pack=lambda t, dtype, s: (t, dtype)),
+     exercise.WRONG_RETURN),
+    ("a dict", settings(pack=as_dict), exercise.WRONG_RETURN),
+    ("returns None", settings(pack=lambda t, dtype, s: None), exercise.WRONG_RETURN),
+]
+WRONG = {name: fn for name, fn, _ in MISTAKES}
+
+
+@pytest.mark.parametrize(("fn", "key"), [pytest.param(*case[1:], id=case[0]) for case in MISTAKES])
+def test_each_mistake_is_named(fn: Callable[[torch.device], object], key: str) -> None:
+    result = check_autocast_settings(fn)
+    assert not result.passed
+    assert result.keys == {key}, str(result)
+    assert all(p.message for p in result.problems) and "Traceback" not in str(result)
+
+
+def test_every_problem_key_has_a_case() -> None:
+    keys = {value for name, value in vars(exercise).items()
+            if name.isupper() and isinstance(value, str) and value != exercise.PRAISE}
+    # RAISED and TIMED_OUT: the crash and endless-loop tests below
+    covered = {key for _, _, key in MISTAKES} | {exercise.RAISED, exercise.TIMED_OUT}
+    assert covered == keys
+
+
+def test_a_crash_is_reported_not_raised() -> None:
+    def stub(device):  # the lesson's stub, as the learner first runs it
+        raise NotImplementedError("Branch on device.type")
+
+    result = check_autocast_settings(stub)
+    assert result.keys == {exercise.RAISED}
+    assert "NotImplementedError: Branch on device.type" in str(result)
+    assert "Traceback" not in str(result)
+
+
+def test_an_endless_loop_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checking, "TIME_LIMIT_S", 0.2)
+
+    def endless(device):
+        while True:
+            pass
+
+    result = check_autocast_settings(endless)
+    assert result.keys == {exercise.TIMED_OUT}
+    assert "still running after" in str(result) and "Traceback" not in str(result)
+
+
+def test_a_wrong_type_is_a_plain_message() -> None:
+    text = str(check_autocast_settings(WRONG["returns None"]))
+    assert "returned NoneType (None) where a tuple (device_type, dtype, use_scaler)" in text
+    assert "Traceback" not in text
+
+
+def saved_torch_state() -> list[object]:
+    functions = [getattr(owner, name) for owner, name in SIMULATED]
+    autocast = [(torch.is_autocast_enabled(t), torch.get_autocast_dtype(t))
+                for t in exercise.DEVICE_TYPES]
+    return [*functions, torch.version.hip, *autocast]
+
+
+@pytest.mark.parametrize("case",
+                         ["dtype as a string", "hard-coded cuda", "the torch.device itself"])
+def test_checker_leaves_torch_as_it_was(case: str) -> None:
+    """A string dtype makes autocast's __enter__ raise after it switched autocast on: restored."""
+    before = saved_torch_state()
+    check_autocast_settings(WRONG[case])
+    check_autocast_settings(lambda device: 1 / 0)
+    assert saved_torch_state() == before
+
+
+# -- correct spellings -----------------------------------------------------------------------------
+NATIVE_BF16 = {  # a dict of per-type rules, asked when called
+    "cpu": lambda: True,
+    "cuda": lambda: torch.cuda.is_bf16_supported(including_emulation=False),
+    "xpu": lambda: torch.xpu.is_bf16_supported(including_emulation=False),
+    "mps": lambda: False,
+}
+
+
+def with_rules(device):
+    dtype = torch.bfloat16 if NATIVE_BF16[device.type]() else torch.float16
+    return device.type, dtype, dtype is torch.float16
+
+
+def with_getattr(device):
+    kind = device.type
+    if kind in ("cuda", "xpu"):
+        native = getattr(torch, kind).is_bf16_supported(including_emulation=False)
+    else:
+        native = kind == "cpu"
+    return kind, torch.bfloat16 if native else torch.float16, not native
+
+
+def with_match(device):
+    match device.type:
+        case "cpu":
+            dtype = torch.bfloat16
+        case "cuda" if torch.cuda.is_bf16_supported(including_emulation=False):
+            dtype = torch.bfloat16
+        case "xpu" if torch.xpu.is_bf16_supported(including_emulation=False):
+            dtype = torch.bfloat16
+        case _:
+            dtype = torch.float16
+    return (device.type, dtype, dtype == torch.float16)
+
+
+class AmpSettings(NamedTuple):
+    device_type: str
+    dtype: torch.dtype
+    use_scaler: bool
+
+
+def with_capability(device):
+    """NVIDIA's native bf16 read off the compute capability, as the argument does; a NamedTuple."""
+    if device.type == "cuda":
+        native = torch.cuda.get_device_capability(device)[0] >= 8
+    elif device.type == "xpu":
+        native = torch.xpu.is_bf16_supported(including_emulation=False)
+    else:
+        native = device.type == "cpu"
+    dtype = torch.bfloat16 if native else torch.float16
+    return AmpSettings(device.type, dtype, use_scaler=not native)
+
+
+CORRECT = {
+    "reference solution: an if/elif chain": reference_solution,
+    "a dict of per-type rules": with_rules,
+    "getattr(torch, device.type).is_bf16_supported": with_getattr,
+    "match device.type": with_match,
+    "compute capability, a NamedTuple": with_capability,
+    "a list instead of a tuple": settings(pack=lambda t, dtype, s: [t, dtype, s]),
+}
+
+
+@pytest.mark.parametrize("name", list(CORRECT))
+def test_correct_spellings_pass(name: str) -> None:
+    result = check_autocast_settings(CORRECT[name])
+    assert result.passed, str(result)
+    assert str(result) == exercise.PRAISE
+
+
+def test_a_right_answer_this_torch_refuses_still_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older torch may refuse a device type it was not built for: not the learner's fault."""
+    real = torch.autocast
+
+    def autocast(device_type, dtype=None, enabled=True, cache_enabled=None):
+        if device_type == "mps":
+            raise RuntimeError("User specified an unsupported autocast device_type 'mps'")
+        return real(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    monkeypatch.setattr(torch, "autocast", autocast)
+    result = check_autocast_settings(reference_solution)
+    assert result.passed and str(result) != exercise.PRAISE
+    assert "[mps] torch.autocast(device_type='mps', dtype=torch.float16) raised RuntimeError: " \
+           "User specified an unsupported autocast device_type 'mps'." in str(result)
+
+
+# -- what the messages say, checked on the installed torch ----------------------------------------
+def test_every_reference_answer_is_taken_by_autocast() -> None:
+    for scenario in SCENARIOS:
+        with ExitStack() as stack:
+            simulate(scenario, stack)
+            device_type, dtype, _ = expected_settings(scenario)
+            reaction = autocast_reaction(device_type, dtype, scenario.device)
+        assert reaction.accepted, f"{scenario.name}: {reaction}"
+        assert reaction.matmul_dtype == (BF16 if scenario.device.type == "cpu" else None)
+
+
+def parameters(fn: Callable[..., object]) -> list[tuple[str, object]]:
+    return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+def test_the_fakes_answer_as_torch_does() -> None:
+    """Same signatures as torch's; torch's source has the rules the fakes copy."""
+    for owner, name in SIMULATED:
+        with ExitStack() as stack:
+            simulate(SCENARIOS[0], stack)
+            fake = getattr(owner, name)
+        assert parameters(fake) == parameters(getattr(owner, name)), name
+    cuda, xpu = (inspect.getsource(m.is_bf16_supported) for m in (torch.cuda, torch.xpu))
+    assert "major >= 8" in cuda and "if not including_emulation" in cuda
+    assert "including_emulation\n        or torch.xpu.get_device_properties()" \
+           ".has_bfloat16_conversions" in xpu
+    t4, ampere = SCENARIOS[2], SCENARIOS[1]
+    for scenario, emulated, native in ((t4, True, False), (ampere, True, True)):
+        with ExitStack() as stack:
+            simulate(scenario, stack)
+            assert torch.cuda.is_bf16_supported() is emulated
+            assert torch.cuda.is_bf16_supported(including_emulation=False) is native
+
+
+def quiet_autocast(device_type: str, dtype: torch.dtype) -> tuple[bool, list[str]]:
+    """Whether ``torch.autocast`` stays on, and what it warned."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        context = torch.autocast(device_type=device_type, dtype=dtype)
+    return context._enabled, [str(w.message) for w in caught]
+
+
+def test_an_index_is_dropped_and_skips_the_cuda_checks() -> None:
+    """DEVICE_TYPE_WITH_INDEX's message: one switch per type; "cuda:0" skips the "cuda" checks."""
+    with torch.autocast("cuda:1", dtype=FP16):
+        assert torch.is_autocast_enabled("cuda")
+    with mock.patch.object(torch.cuda, "is_available", lambda: False):
+        assert quiet_autocast("cuda", FP16) == (False, [
+            "CUDA is not available or torch_xla is imported. Disabling autocast."])
+        assert quiet_autocast("cuda:0", FP16) == (True, [])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert not torch.amp.GradScaler("cuda").is_enabled()
+        assert torch.amp.GradScaler("cuda:0").is_enabled()
+    with (mock.patch.object(torch.cuda, "is_available", lambda: True),
+          mock.patch.object(torch.cuda, "is_bf16_supported", lambda *a, **k: False)):
+        with pytest.raises(RuntimeError, match="does not support bfloat16"):
+            torch.autocast("cuda", dtype=BF16)
+        assert quiet_autocast("cuda:0", BF16) == (True, [])
+
+
+def test_autocast_changes_only_ops_on_its_own_device_type() -> None:
+    """The hard-coded and other-device messages: autocast on for CUDA leaves a CPU matmul alone.
+    (The other way round, CPU autocast and a fake CUDA tensor, holds too but costs ~10 s here.)"""
+    with torch.autocast("cuda:0", dtype=FP16):  # on, even where CUDA is absent: see above
+        assert torch.is_autocast_enabled("cuda") and not torch.is_autocast_enabled("cpu")
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32  # a CPU matmul
+
+
+def test_messages_quote_what_autocast_did() -> None:
+    text = str(check_autocast_settings(WRONG["hard-coded cuda"]))
+    assert "CUDA is not available or torch_xla is imported. Disabling autocast." in text
+    assert "inside it ran in torch.float32" in text
+    text = str(check_autocast_settings(WRONG["the torch.device itself"]))
+    assert "Expected `device_type` of type `str`" in text
+    text = str(check_autocast_settings(WRONG["dtype as a string"]))
+    assert "must be torch.dtype, not str" in text
+    text = str(check_autocast_settings(WRONG["fp32 on the CPU"]))
+    assert "In CPU autocast, but the target dtype is not supported. Disabling autocast." in text
+    text = str(check_autocast_settings(WRONG["bf16 with emulation counted (no "
+                                             "including_emulation=False)"]))
+    assert "torch.autocast(device_type='cuda', dtype=torch.bfloat16) took it without a warning" \
+        in text and "[cuda:0 (T4), xpu:0 (bf16 emulated)]" in text
+
+
+def test_other_facts_the_messages_state() -> None:
+    assert torch.get_autocast_dtype("cpu") == BF16  # FP16_ON_CPU: CPU autocast's default
+    assert not hasattr(torch.mps, "is_bf16_supported")  # BF16_ON_MPS
+    fp16, bf16, fp32 = (torch.finfo(d) for d in (FP16, BF16, torch.float32))
+    assert fp16.smallest_normal * fp16.eps == 2.0**-24  # NO_SCALER_WITH_FP16
+    assert bf16.max > 3e38 and bf16.smallest_normal == fp32.smallest_normal  # fp32's exponent
+    step = inspect.getsource(torch.amp.GradScaler._maybe_opt_step)  # SCALER_WITH_BF16
+    assert ".item()" in step and "found_inf_per_device" in step
+    scaler = torch.amp.GradScaler("cpu", enabled=torch.amp.GradScaler("cpu", enabled=False))
+    assert scaler.is_enabled()  # SCALER_NOT_BOOL: a GradScaler passed as enabled= counts as True
