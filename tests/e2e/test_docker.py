@@ -33,7 +33,7 @@ import jupytext
 import pytest
 
 from course_tools.catalogue import lesson_paths
-from tests.support import NOTEBOOKS, ROOT
+from tests.support import NOTEBOOKS, ROOT, runnable_lesson
 from tests.support.docker_env import (
     HOST_RENDER_GID,
     IMAGE_RENDER_GID,
@@ -50,7 +50,8 @@ from tests.support.lab_server import free_port
 pytestmark = pytest.mark.docker
 
 LAB_OVERRIDES = ROOT / "jupyter-config/etc/jupyter/labconfig/default_setting_overrides.json"
-LESSON = lesson_paths(NOTEBOOKS)[0]  # the shortest run: 01
+LESSON = lesson_paths(NOTEBOOKS)[0]  # the one the edit tests change
+RUN_LESSON = runnable_lesson()  # one without an exercise stub, run as a learner has it
 # Distributions the base image provides; the course venv must not install its own.
 NOT_FROM_LOCK = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*)$", re.IGNORECASE)
 
@@ -274,7 +275,7 @@ def test_torch_is_the_base_images_own(lab: Lab) -> None:
 
 def test_notebook_executes_in_the_container_at_the_smoke_preset(lab: Lab) -> None:
     lab.exec("env", "AMP_TUTORIAL_PRESET=smoke", "jupytext", "--execute", "--to", "ipynb",
-             "--output", "/tmp/executed.ipynb", LESSON.name, timeout=600)
+             "--output", "/tmp/executed.ipynb", RUN_LESSON.name, timeout=600)
     executed = json.loads(lab.exec("cat", "/tmp/executed.ipynb").stdout)
     code_cells = [c for c in executed["cells"] if c["cell_type"] == "code"]
     assert code_cells and all(c["execution_count"] for c in code_cells)

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.support import ROOT
+from tests.support import ROOT, runnable_lesson
 from tests.support.docker_env import (
     LAYOUTS,
     clean_env,
@@ -36,7 +36,8 @@ from tests.support.lab_server import free_port
 
 pytestmark = pytest.mark.docker
 
-LESSON = "01_autocast_basics.py"
+LESSON = "01_autocast_basics.py"  # the one the edit tests change
+RUN_LESSON = runnable_lesson().name  # one without an exercise stub, run as a learner has it
 PASSWORD = "course-" + secrets.token_hex(8)  # NativeAuthenticator wants 8+ uncommon characters
 
 
@@ -314,7 +315,7 @@ def test_a_lesson_runs_in_a_learners_container_at_the_smoke_preset(workshop: Cla
     hub = workshop.hub
     run(["docker", "exec", "--workdir", "/home/learner/work", "--env",
          "AMP_TUTORIAL_PRESET=smoke", f"{hub.prefix}-bob", "jupytext", "--execute", "--to",
-         "ipynb", "--output", "/tmp/executed.ipynb", LESSON], timeout=600)
+         "ipynb", "--output", "/tmp/executed.ipynb", RUN_LESSON], timeout=600)
     executed = json.loads(run(["docker", "exec", f"{hub.prefix}-bob", "cat",
                                "/tmp/executed.ipynb"]).stdout)
     code_cells = [c for c in executed["cells"] if c["cell_type"] == "code"]

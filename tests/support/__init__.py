@@ -34,6 +34,19 @@ def missing_tool(reason: str, fix: str) -> NoReturn:
     pytest.skip(f"{reason}; {fix}")
 
 
+def runnable_lesson() -> Path:
+    """The first lesson that runs to the end as a learner gets it: one without an exercise, whose
+    stub raises until the learner writes the answer (the test run swaps the answers in; a plain
+    ``jupytext --execute`` in a container does not)."""
+    import jupytext
+
+    from course_tools.answers import is_exercise
+    from course_tools.catalogue import lesson_paths
+
+    return next(path for path in lesson_paths(NOTEBOOKS)
+                if not any(map(is_exercise, jupytext.read(path).cells)))
+
+
 def load_program(name: str) -> ModuleType:
     """``scripts/NAME.py`` imported as module ``NAME`` (its ``__main__`` block does not run)."""
     if name in sys.modules:
