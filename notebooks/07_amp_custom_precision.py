@@ -45,6 +45,7 @@ from amp_tutorial.autocast_policy import (
 )
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, dtype_name, select_device
+from amp_tutorial.exercises.contrastive_loss import check_contrastive_loss, make_cases
 from amp_tutorial.models import ConvModel
 from amp_tutorial.presets import get_preset
 
@@ -219,6 +220,63 @@ assert p_low.item() == 1.0 and via_probability.item() == 100.0  # clamped -log(0
 assert torch.allclose(via_logits, torch.tensor(12.0), atol=1e-4)
 
 # %% [markdown]
+# ### Exercise: a contrastive loss that stays in fp32
+#
+# A contrastive (InfoNCE) loss scores every query embedding against every key,
+# `logits = queries @ keys.T / temperature`, and query i's right answer is key i. Inside an
+# autocast region that matmul runs in 16 bits (matmuls are on the lower-precision list of the
+# CPU and of CUDA, lesson 01), and two inputs show what that costs: unnormalised embeddings whose
+# dot products pass float16's largest value, 65504, and similarities that differ only a little
+# on top of a large common part (256), which 16-bit rounding erases.
+
+# %%
+for case in make_cases():  # the two inputs the checker below uses
+    q, k = (x.to(info.device, amp_dtype) for x in (case.queries, case.keys))
+    labels = torch.arange(len(q), device=info.device)  # query i's right answer is key i
+    with torch.autocast(info.type, dtype=amp_dtype):
+        logits = q @ k.T / case.temperature
+        naive = F.cross_entropy(logits, labels)
+    fp32 = F.cross_entropy(q.float() @ k.float().T / case.temperature, labels)  # no autocast
+    print(f"{case.name}: logits {logits.dtype}, loss {naive.item():.6g} under autocast, "
+          f"{fp32.item():.6g} in fp32")
+    assert logits.dtype == amp_dtype
+    dots = q.float() @ k.float().T
+    if case.name == "large dot products":
+        assert dots.abs().max() > torch.finfo(torch.float16).max
+        assert amp_dtype != torch.float16 or not naive.isfinite()  # inf logits, NaN loss
+    else:
+        assert (dots - 256).abs().max() < 2  # 256 plus a little
+        assert not torch.isclose(naive.float(), fp32, rtol=0.01)  # off by more than 1%
+
+# %% [markdown]
+# Write `contrastive_loss(queries, keys, temperature)`. It is called **inside** an autocast
+# region, with `queries` and `keys` of shape `(N, D)` in float16 or bfloat16, on any device. It
+# returns the mean over i of the cross-entropy of row i of the logits with target i, as a 0-dim
+# float32 tensor computed in fp32, and gradients flow back to both inputs.
+#
+# The checker calls your function inside CPU autocast (float16, then bfloat16) on those two
+# inputs, and compares the loss and both gradients with an fp32 reference computed outside
+# autocast. It does not read your source: it watches autocast's state at each torch call you
+# make, the dtype each kernel ran in and the autocast regions you enter, so it can say which
+# mistake it saw. A last run on fake CUDA tensors (shapes and dtypes, no values) checks that your
+# code also keeps fp32 on a GPU.
+
+# %% tags=["exercise"] solution="contrastive_loss.py"
+# YOUR CODE: replace the body of this function, run this cell, then run the checker below.
+def contrastive_loss(queries, keys, temperature):
+    """Mean InfoNCE loss (query i's positive is key i), computed in fp32 whatever autocast does."""
+    raise NotImplementedError(
+        "Turn autocast off for the inputs' device type inside the function, cast both inputs to "
+        "float32 first thing in that region, then compute the logits and F.cross_entropy."
+    )
+
+
+# %%
+result = check_contrastive_loss(contrastive_loss)
+print(result)
+assert result.passed, "fix the problems listed above, re-run your cell, then this one"
+
+# %% [markdown]
 # ## 2. Custom autograd functions: `torch.amp.custom_fwd` and `custom_bwd`
 #
 # Inside an autocast region, a custom `torch.autograd.Function` receives whatever dtypes the ops
@@ -310,8 +368,8 @@ assert abs(val_amp - val_fp32) <= 0.05 * val_fp32
 # %% [markdown]
 # ## What to remember
 #
-# - Keep sensitive math in fp32 with `autocast(enabled=False)` and explicit `.float()` casts;
-#   compute custom losses in fp32.
+# - Keep sensitive math in fp32 with `autocast(device_type=x.device.type, enabled=False)` and
+#   explicit `.float()` casts (the region casts nothing itself); compute custom losses in fp32.
 # - Use `binary_cross_entropy_with_logits`, never `sigmoid` + `binary_cross_entropy`.
 # - Decorate custom Functions with `custom_fwd` (optionally `cast_inputs=torch.float32`) and
 #   `custom_bwd`.

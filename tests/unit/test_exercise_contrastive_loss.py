@@ -1,0 +1,354 @@
+"""check_contrastive_loss: every listed mistake is named, and every right spelling passes.
+
+Each wrong answer below makes exactly one mistake, so the checker must report that mistake's key
+and nothing else (RAISED may come with a mistake that makes torch raise). The checker watches the
+code run (the autocast state at each torch call, the dtype each kernel ran in, the autocast
+regions entered) and compares values and gradients with fp32, so differently spelled right
+answers must all pass. The last tests probe, on this machine's torch, the facts the messages
+state about autocast and the inputs.
+"""
+
+from __future__ import annotations
+
+import runpy
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from amp_tutorial.autocast_policy import _autocast_flags, _fake_tensors
+from amp_tutorial.exercises import checking
+from amp_tutorial.exercises import contrastive_loss as exercise
+from amp_tutorial.exercises.contrastive_loss import check_contrastive_loss
+from tests.support import SOLUTIONS
+
+SOLUTION = SOLUTIONS / "contrastive_loss.py"
+reference_solution = runpy.run_path(str(SOLUTION))["contrastive_loss"]
+
+
+def targets(queries: torch.Tensor) -> torch.Tensor:
+    return torch.arange(len(queries), device=queries.device)
+
+
+def fp32_loss(queries: torch.Tensor, keys: torch.Tensor, temperature: float,
+              reduction: str = "mean") -> torch.Tensor:
+    """The right math on tensors already in fp32, with autocast already off."""
+    return F.cross_entropy(queries @ keys.T / temperature, targets(queries), reduction=reduction)
+
+
+# -- one mistake each ------------------------------------------------------------------------------
+def under_autocast(q, k, t):
+    return F.cross_entropy(q @ k.T / t, targets(q))
+
+
+def under_autocast_by_hand(q, k, t):  # the 16-bit logsumexp hands back a 16-bit loss too
+    logits = q @ k.T / t
+    return (logits.logsumexp(dim=1) - logits.diagonal()).mean()
+
+
+def autocast_off_inputs_not_cast(q, k, t):
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        return F.cross_entropy(q @ k.T / t, targets(q))
+
+
+def cast_but_autocast_on(q, k, t):
+    return fp32_loss(q.float(), k.float(), t)
+
+
+def autocast_off_for_cuda(q, k, t):
+    with torch.autocast(device_type="cuda", enabled=False):
+        return fp32_loss(q.float(), k.float(), t)
+
+
+def old_cuda_amp_autocast(q, k, t):
+    with torch.cuda.amp.autocast(enabled=False):
+        return fp32_loss(q.float(), k.float(), t)
+
+
+@torch.autocast(device_type="cpu", enabled=False)
+def decorator_for_cpu_only(q, k, t):
+    return fp32_loss(q.float(), k.float(), t)
+
+
+def cast_back_down(q, k, t):
+    return reference_solution(q, k, t).to(q.dtype)
+
+
+def float64_result(q, k, t):
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        return fp32_loss(q.double(), k.double(), t)
+
+
+def detached(q, k, t):
+    return reference_solution(q, k, t).detach()
+
+
+def keys_detached(q, k, t):
+    return reference_solution(q, k.detach(), t)
+
+
+def item(q, k, t):
+    return reference_solution(q, k, t).item()
+
+
+def summed(q, k, t):
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        return fp32_loss(q.float(), k.float(), t, reduction="sum")
+
+
+def per_pair(q, k, t):
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        return fp32_loss(q.float(), k.float(), t, reduction="none")
+
+
+def log_of_exp_sum(q, k, t):  # fp32 throughout, but exp overflows float32 above about 88.7
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        logits = q.float() @ k.float().T / t
+        return (torch.exp(logits).sum(dim=1).log() - logits.diagonal()).mean()
+
+
+def temperature_forgotten(q, k, t):
+    return reference_solution(q, k, 1.0)
+
+
+def logsumexp_detached(q, k, t):
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        logits = q.float() @ k.float().T / t
+        return (logits.logsumexp(dim=1).detach() - logits.diagonal()).mean()
+
+
+def returns_none(q, k, t):
+    reference_solution(q, k, t)
+
+
+def returns_a_tuple(q, k, t):
+    return reference_solution(q, k, t), None
+
+
+def targets_on_the_cpu(q, k, t):  # right on the CPU; a GPU raises (a device mismatch)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        return F.cross_entropy(q.float() @ k.float().T / t, torch.arange(len(q)))
+
+
+# (case, function, the key the checker must report, whether torch also raises)
+MISTAKES = [
+    ("computed under autocast unchanged", under_autocast, exercise.UNDER_AUTOCAST, False),
+    ("16-bit logsumexp under autocast", under_autocast_by_hand, exercise.UNDER_AUTOCAST, False),
+    ("autocast off, inputs not cast", autocast_off_inputs_not_cast, exercise.NOT_CAST, False),
+    ("inputs cast, autocast still on", cast_but_autocast_on, exercise.AUTOCAST_STILL_ON, False),
+    ("autocast off for 'cuda' on CPU tensors", autocast_off_for_cuda, exercise.OTHER_DEVICE,
+     False),
+    ("torch.cuda.amp.autocast(enabled=False)", old_cuda_amp_autocast, exercise.OTHER_DEVICE,
+     False),
+    ("@torch.autocast('cpu', enabled=False) on CUDA tensors", decorator_for_cpu_only,
+     exercise.OTHER_DEVICE, False),
+    ("result cast back down", cast_back_down, exercise.RESULT_DTYPE, False),
+    ("float64 result", float64_result, exercise.RESULT_DTYPE, False),
+    ("result detached", detached, exercise.GRAPH_BROKEN, False),
+    ("keys detached", keys_detached, exercise.GRAPH_BROKEN, False),
+    (".item()", item, exercise.RETURNED_NUMBER, False),
+    ("sum, not mean", summed, exercise.WRONG_REDUCTION, False),
+    ("one loss per pair", per_pair, exercise.WRONG_REDUCTION, False),
+    ("log(exp(...).sum()) in fp32", log_of_exp_sum, exercise.WRONG_VALUE, False),
+    ("temperature forgotten", temperature_forgotten, exercise.WRONG_VALUE, False),
+    ("logsumexp detached", logsumexp_detached, exercise.WRONG_GRADIENT, False),
+    ("returns None", returns_none, exercise.WRONG_RETURN, False),
+    ("returns a tuple", returns_a_tuple, exercise.WRONG_RETURN, False),
+    ("targets made on the CPU", targets_on_the_cpu, exercise.RAISED, True),
+]
+
+
+@pytest.mark.parametrize(("fn", "key", "also_raises"),
+                         [pytest.param(*case[1:], id=case[0]) for case in MISTAKES])
+def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises: bool) -> None:
+    result = check_contrastive_loss(fn)
+    assert not result.passed
+    expected = {key, exercise.RAISED} if also_raises else {key}
+    assert result.keys <= expected and key in result.keys, str(result)
+    assert all(p.message for p in result.problems) and "Traceback" not in str(result)
+
+
+def test_every_problem_key_has_a_case() -> None:
+    keys = {value for name, value in vars(exercise).items()
+            if name.isupper() and not name.startswith("_") and isinstance(value, str)
+            and value not in (exercise.DEVICE_TYPE, exercise.SIMULATED_DEVICE_TYPE,
+                              exercise.PRAISE, exercise.SIMULATED)}
+    # TIMED_OUT: the endless-loop test below; RAISED also has the crash test
+    covered = {key for _, _, key, _ in MISTAKES} | {exercise.TIMED_OUT}
+    assert covered == keys
+
+
+def test_report_is_plain_words_and_names_the_numbers() -> None:
+    text = str(check_contrastive_loss(under_autocast))
+    assert "65504" in text and "enabled=False" in text and ".float()" in text
+    assert "[float16, large dot products, " in text  # the scenarios it was found in
+
+
+def test_a_device_agnostic_mistake_shows_only_on_simulated_cuda() -> None:
+    result = check_contrastive_loss(decorator_for_cpu_only)
+    (problem,) = result.problems
+    assert problem.message.startswith(f"[{exercise.SIMULATED}]")
+    assert 'device_type "cpu"' in problem.message and '"cuda"' in problem.message
+
+
+def test_the_deprecated_spelling_is_named() -> None:
+    text = str(check_contrastive_loss(old_cuda_amp_autocast))
+    assert "torch.cuda.amp.autocast" in text and "FutureWarning" in text
+
+
+def test_a_crash_is_reported_not_raised() -> None:
+    def broken(*args, **kwargs):
+        raise ValueError("not done yet")
+
+    result = check_contrastive_loss(broken)
+    assert result.keys == {exercise.RAISED}
+    assert "ValueError: not done yet" in str(result)
+
+
+def test_an_endless_loop_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checking, "TIME_LIMIT_S", 0.2)
+
+    def endless(*args, **kwargs):
+        while True:
+            pass
+
+    result = check_contrastive_loss(endless)
+    assert result.keys == {exercise.TIMED_OUT}
+    assert "still running after" in str(result) and "Traceback" not in str(result)
+    assert len(result.problems[0].message.split("]")[0].split(",")) == 2  # stopped at the first
+
+
+def test_checker_leaves_torch_unpatched() -> None:
+    enter = torch.amp.autocast_mode.autocast.__enter__
+    for fn in (reference_solution, autocast_off_for_cuda, targets_on_the_cpu, summed):
+        check_contrastive_loss(fn)
+    assert torch.amp.autocast_mode.autocast.__enter__ is enter
+    assert not _get_current_function_mode_stack() and _get_current_dispatch_mode() is None
+    assert not torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled("cuda")
+    assert torch.get_autocast_dtype("cuda") == torch.float16  # the simulated run restores it
+
+
+# -- right spellings -------------------------------------------------------------------------------
+def amp_autocast_einsum_by_hand(queries, keys, temperature):
+    with torch.amp.autocast(queries.device.type, enabled=False):
+        q, k = queries.to(torch.float32), keys.to(torch.float32)
+        logits = torch.einsum("id,jd->ij", q, k) / temperature
+        return (torch.logsumexp(logits, dim=1) - logits.diagonal()).mean()
+
+
+def decorated_per_call_in_float64(queries, keys, temperature):
+    fp32_off = torch.autocast(device_type=queries.device.type, enabled=False)
+    loss = fp32_off(fp32_loss)(queries.double(), keys.double(), temperature)
+    return loss.float()
+
+
+def cast_with_no_op_that_autocast_lowers(queries, keys, temperature):
+    # mul and sum are on no CPU autocast list; on CUDA mul is on none and sum returns fp32
+    q, k = queries.float(), keys.float()
+    similarities = (q[:, None, :] * k[None, :, :]).sum(dim=-1)
+    return F.cross_entropy(similarities / temperature, targets(q))
+
+
+CORRECT = {
+    "reference: torch.autocast(..., enabled=False), .float(), @, F.cross_entropy":
+        reference_solution,
+    "torch.amp.autocast, .to(torch.float32), einsum, logsumexp by hand":
+        amp_autocast_einsum_by_hand,
+    "autocast as a decorator made per call, float64 inside, .float() at the end":
+        decorated_per_call_in_float64,
+    "inputs cast, autocast left on, no op on a lower-precision list":
+        cast_with_no_op_that_autocast_lowers,
+}
+
+
+@pytest.mark.parametrize("name", list(CORRECT))
+def test_correct_variants_pass(name: str) -> None:
+    result = check_contrastive_loss(CORRECT[name])
+    assert result.passed, str(result)
+    assert "All checks passed" in str(result)
+
+
+# -- the inputs and the facts the messages state ---------------------------------------------------
+def test_cases_are_repeatable_exact_in_16_bits_and_leave_global_rng_alone() -> None:
+    state = torch.random.get_rng_state()
+    first, second = exercise.make_cases(), exercise.make_cases()
+    assert torch.equal(torch.random.get_rng_state(), state)
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a.queries, b.queries) and torch.equal(a.keys, b.keys)
+        for x in (a.queries, a.keys):
+            for dtype in exercise.LOW:
+                assert torch.equal(x.to(dtype).float(), x)
+
+
+def test_the_inputs_break_16_bit_math_and_not_fp32() -> None:
+    """What the messages and make_cases say, measured: float16 overflows on the first input,
+    and 16-bit rounding misses by far more than RTOL on every input, in both dtypes."""
+    large, small = exercise.CASES
+    dots = large.queries @ large.keys.T
+    assert dots.abs().max() > torch.finfo(torch.float16).max  # "above 65504"
+    assert 90_000 < dots.abs().max() < 100_000  # "about 99,000"
+    assert 3e5 < exercise.reference_loss(large.queries, large.keys, large.temperature) < 5e5
+    parts = small.queries @ small.keys.T - 256
+    assert small.queries[0, 0] == 16 and parts.abs().max() < 2  # 256 plus a small part
+    for dtype in exercise.LOW:
+        assert 256 * torch.finfo(dtype).eps == {torch.float16: 0.25, torch.bfloat16: 2}[dtype]
+        for case in exercise.CASES:
+            q, k = case.queries.to(dtype), case.keys.to(dtype)
+            reference = exercise.reference_loss(q, k, case.temperature)
+            right = [fn(q, k, case.temperature) for fn in CORRECT.values()]
+            assert all(abs(r - reference) < case.tolerance / 10 for r in right)
+            with torch.autocast("cpu", dtype=dtype):
+                naive = under_autocast(q, k, case.temperature).float()
+            if dtype == torch.float16 and case is large:
+                assert not naive.isfinite()
+            else:
+                assert abs(naive - reference) > 10 * case.tolerance
+                assert abs(naive - reference) > 1e-3 * reference  # "by 1e-3 ... of the loss"
+
+
+LOWERED = {  # the ops the messages name as lowered, with fp32 inputs
+    "mm": lambda a: a @ a.T, "bmm": lambda a: torch.bmm(a[None], a.T[None]),
+    "addmm": lambda a: torch.addmm(a[:, :4], a, a.T[:, :4]), "matmul": lambda a: a.matmul(a.T),
+    "linear": lambda a: F.linear(a, a), "einsum": lambda a: torch.einsum("id,jd->ij", a, a)}
+KEPT = {"exp": torch.exp, "log": lambda a: a.abs().log(), "sum": torch.sum,
+        "logsumexp": lambda a: a.logsumexp(1)}
+
+
+@pytest.mark.parametrize("dtype", exercise.LOW, ids=str)
+def test_cpu_autocast_lowers_matmuls_and_keeps_exp_log_sum(dtype: torch.dtype) -> None:
+    a = torch.randn(8, 8)
+    with torch.autocast("cpu", dtype=dtype):
+        assert {name: f(a).dtype for name, f in LOWERED.items()} == dict.fromkeys(LOWERED, dtype)
+        assert {name: f(a).dtype for name, f in KEPT.items()} == dict.fromkeys(KEPT, a.dtype)
+        low = a.to(dtype)
+        assert {name: f(low).dtype for name, f in KEPT.items()} == dict.fromkeys(KEPT, dtype)
+        with torch.autocast("cpu", enabled=False):  # casts nothing: 16-bit in, 16-bit out
+            assert (low @ low.T).dtype == dtype
+        for other in (torch.autocast("cuda", enabled=False), torch.amp.autocast("cuda",
+                                                                                 enabled=False)):
+            with other:  # the "cuda" switch only: the "cpu" autocast stays on
+                assert torch.is_autocast_enabled("cpu") and (a @ a.T).dtype == dtype
+
+
+def test_cuda_autocast_lowers_matmuls_too_on_fake_tensors() -> None:
+    with _fake_tensors():
+        a = torch.empty(8, 8, device="cuda")
+        with _autocast_flags("cuda", torch.float16):
+            assert {name: f(a).dtype for name, f in LOWERED.items()} == dict.fromkeys(
+                LOWERED, torch.float16)
+            assert torch.exp(a).dtype == torch.float32 and a.sum().dtype == torch.float32
+        with _autocast_flags("cuda", torch.float16, enabled=False):
+            low = a.half()
+            assert (low @ low.T).dtype == torch.float16
+
+
+def test_old_cuda_spelling_is_autocast_for_cuda_and_warns() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = torch.cuda.amp.autocast(enabled=False)
+    assert isinstance(old, torch.autocast) and old.device == "cuda"
+    assert any(issubclass(w.category, FutureWarning) for w in caught)
