@@ -1,9 +1,9 @@
 """The handout as a learner opens it: ``pdm run handout``'s pages in real Chromium, from disk.
 
 Rendering every lesson takes minutes, so the command runs at the ``smoke`` preset on two lessons
-(the first one, and the first exercise lesson); the index is checked against every lesson the
-glob finds without running them. Chromium is the one ``test_browser`` uses (``tests/conftest.py``);
-without it these tests skip, except under ``CI=true``.
+(the first one, and the first exercise lesson that makes a figure); the index is checked against
+every lesson the glob finds without running them. Chromium is the one ``test_browser`` uses
+(``tests/conftest.py``); without it these tests skip, except under ``CI=true``.
 """
 
 from __future__ import annotations
@@ -103,8 +103,10 @@ class Rendered:
 
 @pytest.fixture(scope="module")
 def rendered(marker: str, tmp_path_factory: pytest.TempPathFactory) -> Rendered:
-    """The handout at the smoke preset of the first lesson and the first exercise lesson."""
-    exercise = next(p for p in LESSON_FILES if any(map(is_exercise, jupytext.read(p).cells)))
+    """The handout at the smoke preset of the first lesson and the first exercise lesson that
+    makes a figure (the page checks below look for one)."""
+    exercise = next(p for p in LESSON_FILES if any(map(is_exercise, jupytext.read(p).cells))
+                    and FIGURE_CELL.search(p.read_text(encoding="utf-8")))
     lessons = sorted({LESSON_FILES[0], exercise})
     out = tmp_path_factory.mktemp("handout")
     with pytest.MonkeyPatch.context() as env:
