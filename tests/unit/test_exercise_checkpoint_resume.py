@@ -7,6 +7,7 @@ one thing, so the checker must report that mistake's key and nothing else.
 
 from __future__ import annotations
 
+import copy
 import os
 import runpy
 from collections.abc import Callable
@@ -76,6 +77,22 @@ def checkpoint_pair(
     return save, load
 
 
+def in_memory_pair() -> Pair:
+    """A checkpoint kept in a dict (deep copies: right state, but no file at ``path``)."""
+    memory = {}
+
+    def save(path, model, optimizer, scaler, step):
+        memory.update(copy.deepcopy({"model": model.state_dict(), "scaler": scaler.state_dict(),
+                                     "optimizer": optimizer.state_dict(), "step": step}))
+
+    def load(path, model, optimizer, scaler):
+        for name, target in (("model", model), ("optimizer", optimizer), ("scaler", scaler)):
+            target.load_state_dict(memory[name])
+        return memory["step"]
+
+    return save, load
+
+
 def test_builder_defaults_are_the_reference_answer(tmp_path: Path) -> None:
     finals = []
     for save, load in ((reference["save"], reference["load"]), checkpoint_pair()):
@@ -115,6 +132,8 @@ MISTAKES = [
     ("step not saved", checkpoint_pair(save_step=False), exercise.WRONG_STEP),
     ("step not returned", checkpoint_pair(returns="nothing"), exercise.WRONG_RETURN),
     ("step returned as a tensor", checkpoint_pair(returns="tensor"), exercise.WRONG_RETURN),
+    ("checkpoint kept in memory, not written to path", in_memory_pair(),
+     exercise.NOTHING_WRITTEN),
     ("load_state_dict(assign=True)", checkpoint_pair(assign=True), exercise.RESUME_DIFFERS),
 ]
 WRONG = {name: pair for name, pair, _ in MISTAKES}

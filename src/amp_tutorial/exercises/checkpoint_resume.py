@@ -48,6 +48,7 @@ DEVICE_TYPE = "cpu"  # float16 autocast and GradScaler("cpu") run on the CPU
 SCENARIO = "float16 + GradScaler, Adam"
 
 # Problem keys: one per mistake the checker can name.
+NOTHING_WRITTEN = "nothing-written-at-path"
 OBJECTS_SAVED = "objects-pickled"
 MODEL_NOT_SAVED = "model-not-saved"
 OPTIMIZER_NOT_SAVED = "optimizer-not-saved"
@@ -128,6 +129,7 @@ def same(a: object, b: object) -> bool:
 class Written:
     """What the files ``save`` wrote hold, as ``torch.load(weights_only=True)`` reads them."""
 
+    files: int = 0  # how many files save wrote in the checkpoint's folder
     refused: str = ""  # torch.load's error for a file of pickled objects
     model: list[Mapping] = field(default_factory=list)  # model state dicts found
     optimizer: bool = False  # an optimizer state dict ("state" and "param_groups") was found
@@ -148,6 +150,7 @@ def _parts(value: object, depth: int = 0) -> Iterator[object]:
 def _read_written(folder: Path, model_keys: set[str]) -> Written:
     written = Written()
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        written.files += 1
         try:
             content = torch.load(path, weights_only=True)
         except pickle.UnpicklingError as error:
@@ -289,9 +292,9 @@ def _scaler_problems(now: dict[str, Any], saved: dict[str, Any], written: Writte
     return [Problem.named(
         SCALER_NOT_SAVED, f"After load the GradScaler had {got} where the saved run had {had}, "
         "and no file save wrote holds a GradScaler state dict.", "A fresh GradScaler starts "
-        "again at its init_scale, so a resumed float16 run re-learns the scale: steps at a "
-        "scale that overflows are skipped, and steps at a scale too small let small gradients "
-        f"underflow.{outcome}", "save scaler.state_dict() and restore it with "
+        "again at its init_scale (on any device), so a resumed float16 run re-learns the "
+        "scale: steps at a scale that overflows are skipped, and steps at a scale too small "
+        f"let small gradients underflow.{outcome}", "save scaler.state_dict() and restore it with "
         "scaler.load_state_dict(...).")]
 
 
@@ -320,6 +323,12 @@ def _problems(save: Callable[..., object], load: Callable[..., object]) -> list[
         written = _read_written(Path(folder), set(saved["model"]))
         loading = attempt(load, path, resumed.model, resumed.optimizer, resumed.scaler)
     found = []
+    if not written.files:
+        found.append(Problem.named(
+            NOTHING_WRITTEN, f"save wrote no file at {path.name!r} nor beside it.", "A "
+            "checkpoint kept in memory, or written somewhere else, is gone (or not found) when "
+            "a new process resumes from the path it was given.", "write the checkpoint to "
+            "`path` with torch.save(..., path), and read it from `path` in load."))
     if written.refused:
         quote = _refusal_quote(written.refused)
         found.append(Problem.named(
