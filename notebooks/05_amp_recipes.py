@@ -26,7 +26,7 @@
 # below answers one of those questions with a short example that runs here and asserts what it
 # claims. Lessons 07 (fp32 regions, custom losses and autograd functions, validation), 08
 # (migrating old code, troubleshooting) and 11 (several processes with DDP) build on these
-# recipes.
+# recipes. Two graded exercises let you write the accumulation loop and the checkpoint yourself.
 #
 # Every example uses the device the course package picks: on a CPU, autocast runs in bfloat16 and
 # needs no GradScaler; on NVIDIA and AMD GPUs, float16 with a GradScaler. Seeds are fixed
@@ -42,6 +42,8 @@ from torch import nn
 from amp_tutorial.checkpoint import load_checkpoint, save_checkpoint
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, dtype_name, select_device
+from amp_tutorial.exercises.accumulation import check_train_accumulated
+from amp_tutorial.exercises.checkpoint_resume import check_save_and_load
 from amp_tutorial.models import ConvModel
 from amp_tutorial.presets import get_preset
 
@@ -193,6 +195,33 @@ for use_amp in (False, True):
 # In fp32 the two gradients agree to rounding error; under AMP they agree to the precision of the
 # low-precision arithmetic, which is what AMP changes anyway.
 #
+# ### Exercise: write the accumulation loop
+#
+# `train_accumulated(model, optimizer, scaler, micro_batches, loss_fn, accumulation_steps,
+# device_type, amp_dtype, max_grad_norm=None)` steps once per group of `accumulation_steps`
+# micro-batches, in order; a shorter last group steps too. Each step's gradient is that of its
+# group as one batch (divide by the group's size), clipped to `max_grad_norm` if given. Use the
+# `scaler` passed in (disabled for bfloat16) and return one float per step: the group's mean
+# loss. The checker runs your function on the CPU in float16 and bfloat16, watches the calls, and
+# compares every step's gradient with fp32 on the group as one batch.
+
+# %% tags=["exercise"] solution="train_accumulated.py"
+# YOUR CODE: replace the body of this function, run this cell, then the checker below.
+def train_accumulated(model, optimizer, scaler, micro_batches, loss_fn, accumulation_steps,
+                      device_type, amp_dtype, max_grad_norm=None):
+    """One optimizer step per group of micro-batches; return each step's (mean) loss."""
+    raise NotImplementedError(
+        "Per group: zero the gradients; per micro-batch: the forward and loss / len(group) under "
+        "autocast, then scaler.scale(...).backward(); after the group's last micro-batch: "
+        "unscale_ and clip if asked, scaler.step(optimizer), scaler.update().")
+
+
+# %%
+result = check_train_accumulated(train_accumulated)
+print(result)
+assert result.passed, "fix the problems listed above, re-run your cell, then this one"
+
+# %% [markdown]
 # ## 3. Checkpoints: save and resume model, optimizer and scaler together
 #
 # A run resumed from a checkpoint should continue exactly as if it had never stopped. That needs
@@ -281,6 +310,32 @@ load_checkpoint(checkpoint, no_data_state["model"], no_data_state["optimizer"],
 train_steps(no_data_state, 2 * HALF - extra["step"])
 assert not same_parameters(no_data_state["model"], uninterrupted["model"])
 print("missing scaler state -> scale differs; missing data state -> parameters differ")
+
+# %% [markdown]
+# ### Exercise: write `save` and `load`
+#
+# `save(path, model, optimizer, scaler, step)` writes a checkpoint to `path` (a `pathlib.Path`);
+# `load(path, model, optimizer, scaler)` restores it into the objects it is given and returns the
+# step. The checker trains a small network on the CPU in float16 with a GradScaler and Adam, saves
+# after step 3, loads into fresh objects, trains on, and compares with a run that never stopped:
+# the parameters bit for bit (`torch.equal`), the scale after every step, and the step.
+
+# %% tags=["exercise"] solution="save_and_load.py"
+# YOUR CODE: replace both bodies, run this cell, then the checker below.
+def save(path, model, optimizer, scaler, step):
+    """Write everything the next training step depends on to ``path``."""
+    raise NotImplementedError("torch.save one dict: the three state_dict()s and the step.")
+
+
+def load(path, model, optimizer, scaler):
+    """Restore the checkpoint at ``path`` into the objects given; return the saved step."""
+    raise NotImplementedError("torch.load it, load_state_dict into each object, return the step.")
+
+
+# %%
+result = check_save_and_load(save, load)
+print(result)
+assert result.passed, "fix the problems listed above, re-run your cell, then this one"
 
 # %% [markdown]
 # ### fp32 checkpoint, AMP resume, and back

@@ -1,0 +1,441 @@
+"""The ``train_accumulated`` exercise (lesson 05): gradient accumulation with a GradScaler.
+
+``check_train_accumulated(fn)`` runs the learner's function on the CPU (float16 with a GradScaler,
+float16 with clipping, bfloat16 with a disabled scaler) over ``N_MICRO`` micro-batches in groups of
+``ACCUMULATION`` (the last group shorter). An :class:`AccumulationSpy` (a ``TrainingSpy`` that also
+knows where each group starts and ends) watches the order of the calls; at every optimizer step it
+keeps the parameters and gradients, and the checker compares each step's gradient with fp32
+autograd on the group's micro-batches taken as one big batch, at the same parameters.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from amp_tutorial.exercises.checking import (
+    RAISED,
+    TIMED_OUT,
+    WRONG_RETURN,
+    Attempt,
+    CheckResult,
+    Problem,
+    attempt,
+    collect,
+    error_problem,
+    type_problem,
+)
+from amp_tutorial.exercises.training_spy import TrainingSpy
+
+# The problem: 8 micro-batches of 32 samples, stepped in groups of 3.
+N_MICRO = 8
+MICRO_BATCH_SIZE = 32
+ACCUMULATION = 3  # groups of 3, 3 and 2 micro-batches: the last group is shorter
+LEARNING_RATE = 0.05  # SGD: a step is proportional to the gradient, so a wrong sum shows
+INIT_SCALE = 2.0**8  # a modest start: no overflow here even if the loss is not divided
+MAX_GRAD_NORM = 0.1  # below the accumulated gradient's norm (0.3 to 0.5): clipping clips
+GRAD_RTOL = 0.03  # measured: correct runs stay within 0.1% (float16) and 0.8% (bfloat16) of
+LOSS_RTOL = 0.03  # fp32's gradient and loss on the same big batch; a mistake is off by 33%+
+DEVICE_TYPE = "cpu"  # float16 and bfloat16 autocast and GradScaler("cpu") all run on the CPU
+
+# Problem keys: one per mistake the checker can name.
+FORWARD_NOT_AUTOCAST = "forward-not-autocast"
+LOSS_NOT_DIVIDED = "loss-not-divided"
+REMAINDER_DIVIDED_BY_K = "remainder-divided-by-k"
+STEPPED_MID_GROUP = "stepped-mid-group"
+REMAINDER_SKIPPED = "remainder-skipped"
+WRONG_GROUPS = "wrong-groups"
+GRAPHS_HELD = "graphs-held"
+UPDATE_MID_GROUP = "update-mid-group"
+NO_SCALER_UPDATE = "no-scaler-update"
+ZEROED_MID_GROUP = "zeroed-mid-group"
+GRADS_NOT_ZEROED = "grads-not-zeroed"
+UNSCALED_MID_GROUP = "unscaled-mid-group"
+NOT_CLIPPED = "not-clipped"
+SCALER_REPLACED = "scaler-replaced"
+GRADIENT_NOT_LIKE_FP32 = "gradient-not-like-fp32"
+BAD_LOSSES = "bad-losses"
+__all__ = ["RAISED", "TIMED_OUT", "WRONG_RETURN", "check_train_accumulated", "group_sizes"]
+PRAISE = ("All checks passed: one scaled backward per micro-batch, one step and update per "
+          "group (the short last group too), zeroing between groups only, and every step's "
+          "gradient matches fp32 on the group as one batch (float16 and bfloat16).")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One run: the autocast dtype (float16 gets an enabled scaler) and optional clipping."""
+
+    name: str
+    amp_dtype: torch.dtype
+    max_grad_norm: float | None = None
+
+    def new_scaler(self) -> torch.amp.GradScaler:
+        return torch.amp.GradScaler(DEVICE_TYPE, init_scale=INIT_SCALE,
+                                    enabled=self.amp_dtype == torch.float16)
+
+
+SCENARIOS = (
+    Scenario("float16", torch.float16),
+    Scenario("float16 + clipping", torch.float16, MAX_GRAD_NORM),
+    Scenario("bfloat16, disabled scaler", torch.bfloat16),
+)
+Batches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
+
+
+def group_sizes(n_micro: int, k: int) -> list[int]:
+    """The contract: groups of ``k`` micro-batches in order, the last one shorter if need be."""
+    return [min(k, n_micro - start) for start in range(0, n_micro, k)]
+
+
+def make_micro_batches(seed: int = 0) -> tuple[nn.Module, Batches]:
+    """A small tanh MLP and ``N_MICRO`` micro-batches of a smooth regression, on the CPU.
+
+    tanh, not ReLU: a ReLU input near zero can flip sign between float16 and fp32 and move the
+    gradient by several percent; with tanh a correct run stays within 1% of fp32 (measured).
+    Seeded without touching the global random state.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
+                              nn.Linear(32, 1))
+    generator = torch.Generator().manual_seed(seed)
+    direction = torch.randn(8, 1, generator=generator)
+    inputs = torch.randn(N_MICRO * MICRO_BATCH_SIZE, 8, generator=generator)
+    targets = torch.sin(inputs @ direction)
+    return model, list(zip(inputs.chunk(N_MICRO), targets.chunk(N_MICRO), strict=True))
+
+
+@dataclass
+class Snapshot:
+    """The state at one optimizer step: which micro-batches it used, parameters, gradients."""
+
+    first: int
+    end: int
+    params: list[torch.Tensor]
+    grads: list[torch.Tensor | None]
+
+
+class AccumulationSpy(TrainingSpy):
+    """A :class:`TrainingSpy` that counts micro-batches between steps and what ran in a group."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scenario: Scenario,
+                 scaler: torch.amp.GradScaler) -> None:
+        super().__init__(model, optimizer, scenario, DEVICE_TYPE)
+        self.given_scaler = scaler
+        self.count.update(dict.fromkeys(
+            ["stepped_mid_group", "graphs_held", "update_without_step", "step_without_update",
+             "zeroed_mid_group", "group_not_zeroed", "unscaled_mid_group", "other_scaler"], 0))
+        self.forwards = self.backwards = 0  # since the last step: this group so far
+        self.done = 0  # micro-batches behind the steps so far
+        self.sizes: list[int] = []  # micro-batches per step, as the learner grouped them
+        self.snapshots: list[Snapshot] = []
+        self.unscaled_grads: list[torch.Tensor | None] | None = None  # right after unscale_
+        self.step_grads: list[torch.Tensor | None] | None = None  # those of the step now running
+        self.stepped = 0  # enabled scaler.step calls since the last update
+
+    def group_size(self) -> int:
+        """How many micro-batches the group now running should have, by the contract."""
+        return min(ACCUMULATION, max(N_MICRO - self.done, 1))
+
+    def on_forward(self, module: nn.Module, args: tuple) -> None:
+        if torch.is_grad_enabled():
+            self.count["graphs_held"] += self.forwards > self.backwards
+            self.forwards += 1
+        super().on_forward(module, args)
+
+    def backward(self, original: Callable, tensors, *args, **kwargs):
+        has = any(p.grad is not None and bool(p.grad.count_nonzero()) for p in self.params)
+        if has and not self.backwards:  # a new group starts on the last group's gradients
+            self.count["group_not_zeroed"] += 1
+        elif self.backwards and not has:  # the group's earlier backward calls were wiped
+            self.count["zeroed_mid_group"] += 1
+        self.count["unscaled_mid_group"] += self.unscaled_grads is not None
+        self.backwards += 1
+        self.unscaled_grads = None
+        return super().backward(original, tensors, *args, **kwargs)
+
+    def scale(self, original: Callable, scaler: torch.amp.GradScaler, outputs):
+        self.count["other_scaler"] += scaler.is_enabled() and scaler is not self.given_scaler
+        return super().scale(original, scaler, outputs)
+
+    def unscale_(self, original: Callable, scaler: torch.amp.GradScaler, optimizer):
+        inside_step = self.in_scaler_step  # step() unscales for you
+        if scaler.is_enabled() and not inside_step:
+            self.count["step_without_update"] += self.stepped > 0
+        result = super().unscale_(original, scaler, optimizer)
+        if scaler.is_enabled() and not inside_step:  # the gradients before any clipping; a
+            self.unscaled_grads = self.grads()  # backward before the step is a mistake
+        return result
+
+    def grads(self) -> list[torch.Tensor | None]:
+        return [None if p.grad is None else p.grad.detach().clone() for p in self.params]
+
+    def stepping(self) -> None:
+        """An optimizer step begins (through ``scaler.step`` or directly): the group ends."""
+        self.count["stepped_mid_group"] += self.forwards < self.group_size()
+        self.sizes.append(self.forwards)
+        self.first, self.done = self.done, self.done + self.forwards
+        self.forwards = self.backwards = 0
+        self.step_grads, self.unscaled_grads = self.unscaled_grads, None
+
+    def step(self, original: Callable, scaler: torch.amp.GradScaler, optimizer, *args, **kwargs):
+        self.stepping()
+        if scaler.is_enabled():
+            self.count["step_without_update"] += self.stepped > 0
+            self.stepped += 1
+        return super().step(original, scaler, optimizer, *args, **kwargs)
+
+    def update(self, original: Callable, scaler: torch.amp.GradScaler, *args, **kwargs):
+        if scaler.is_enabled():
+            self.count["update_without_step"] += self.stepped == 0
+            self.stepped = 0
+        return super().update(original, scaler, *args, **kwargs)
+
+    def on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if not self.in_scaler_step:
+            self.stepping()
+        super().on_optimizer_step(optimizer, args, kwargs)
+        self.snapshots.append(Snapshot(self.first, self.done,
+                                       [p.detach().clone() for p in self.params],
+                                       self.step_grads or self.grads()))
+
+
+def _run(fn: Callable[..., object], scenario: Scenario) -> tuple[AccumulationSpy, Attempt, Batches]:
+    model, micro_batches = make_micro_batches()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+    scaler = scenario.new_scaler()
+    spy = AccumulationSpy(model, optimizer, scenario, scaler)
+    with ExitStack() as stack:
+        spy.install(stack)
+        run = attempt(fn, model, optimizer, scaler, list(micro_batches), nn.MSELoss(),
+                      ACCUMULATION, DEVICE_TYPE, scenario.amp_dtype,
+                      max_grad_norm=scenario.max_grad_norm)
+    if run.error is None and spy.stepped:  # the last step was never followed by update()
+        spy.count["step_without_update"] += 1
+    return spy, run, micro_batches
+
+
+# (what the spy counted, the key, what is wrong with {n} for how often, why it matters, the fix)
+RULES = [
+    ("forward_no_autocast", FORWARD_NOT_AUTOCAST, "A forward pass ran without autocast ({n}).",
+     "The micro-batches then train in fp32, not in mixed precision.", "run each micro-batch's "
+     "forward and loss inside `with torch.autocast(device_type=device_type, dtype=amp_dtype):`."),
+    ("other_scaler", SCALER_REPLACED, "scale() was called on a GradScaler other than the "
+     "`scaler` argument ({n}).", "A new GradScaler starts again at its init_scale (65536 unless "
+     "you pass another) with its growth count at 0, so the scale the run has learnt is lost, and "
+     "the caller's scaler (the one a checkpoint saves) never changes.", "use the scaler passed "
+     "in, for every group; never create one inside the function."),
+    ("stepped_mid_group", STEPPED_MID_GROUP, "The optimizer stepped before a group was complete "
+     "({n}): {sizes}.", "Each step then uses only part of the group's gradient: the effective "
+     "batch is smaller than the accumulation asks for.", "call scaler.step(optimizer) and "
+     "scaler.update() once per group of accumulation_steps micro-batches, after its last "
+     "backward."),
+    ("graphs_held", GRAPHS_HELD, "A micro-batch's forward pass started before the previous "
+     "one's backward ran ({n}): the group's losses were kept, or summed, and backpropagated "
+     "together.", "The gradient is the same, but every micro-batch's activations stay in memory "
+     "until that backward, which is what accumulation exists to avoid.", "call "
+     "scaler.scale(loss / len(group)).backward() right after each micro-batch's forward pass."),
+    ("update_without_step", UPDATE_MID_GROUP, "scaler.update() ran inside a group, with no "
+     "scaler.step(optimizer) since the last update ({n}).", "The scale must stay "
+     "the same while a group's gradients add up, and update() sets it from the inf checks of the "
+     "step before it; with none recorded, GradScaler raises AssertionError('No inf checks were "
+     "recorded prior to update.') (torch 2.14, any device).", "call scaler.update() once per "
+     "group, right after scaler.step(optimizer)."),
+    ("step_without_update", NO_SCALER_UPDATE, "scaler.step(optimizer) was not followed by "
+     "scaler.update() ({n}).", "The scale then never backs off after an overflow nor grows after "
+     "good steps, and GradScaler refuses the next group: RuntimeError('step() has already been "
+     "called since the last update().'), or 'unscale_() is being called after step().' (torch "
+     "2.14, any device).", "call scaler.update() once per group, right after "
+     "scaler.step(optimizer)."),
+    ("zeroed_mid_group", ZEROED_MID_GROUP, "The gradients were zeroed between micro-batches of a "
+     "group ({n}).", "Only the last micro-batch's gradient reached each step: nothing "
+     "accumulated.", "zero once per group: before its first micro-batch, or after scaler.step "
+     "and scaler.update."),
+    ("group_not_zeroed", GRADS_NOT_ZEROED, "A group started on the previous group's gradients "
+     "({n}).", "backward() adds into .grad, so every step applied all earlier groups' gradients "
+     "again.", "call optimizer.zero_grad() once per group, before its first micro-batch or after "
+     "scaler.step and scaler.update."),
+    ("unscaled_mid_group", UNSCALED_MID_GROUP, "scaler.unscale_(optimizer) ran before the "
+     "group's last micro-batch: a backward followed it in the same group ({n}).", "unscale_ "
+     "divides the gradients so far by the scale, and the next backward adds scaled gradients to "
+     "them; GradScaler allows one unscale_ per optimizer between updates and raises "
+     "RuntimeError('unscale_() has already been called on this optimizer since the last "
+     "update().') on the second (torch 2.14, any device).", "after the group's last backward: "
+     "scaler.unscale_(optimizer), clip, scaler.step(optimizer)."),
+    ("not_clipped", NOT_CLIPPED, f"max_grad_norm={MAX_GRAD_NORM} was given, but the optimizer "
+     "stepped with a larger gradient norm ({n}).", "The clipping the caller asked for did not "
+     "happen.", "once per group, after its last backward: scaler.unscale_(optimizer), then "
+     "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm), then "
+     "scaler.step(optimizer)."),
+]
+
+
+def _process_problems(spy: AccumulationSpy, run: Attempt) -> list[Problem]:
+    """Mistakes in the order of the calls, from what the spy counted."""
+    c, k, found = spy.count, ACCUMULATION, []
+    c["forward_no_autocast"] += c["forward_wrong_dtype"]  # autocast in another dtype: the same
+    expected = group_sizes(N_MICRO, k)
+    sizes = f"{spy.sizes} micro-batches per step where the contract asks for {expected}"
+    for count, key, what, why, fix in RULES:
+        if c[count]:
+            found.append(Problem.named(key, what.format(n=times(c[count]), sizes=sizes), why,
+                                       fix))
+    if run.error is None and not found and spy.sizes != expected:
+        if spy.sizes == expected[:-1] and N_MICRO % k:
+            found.append(Problem.named(
+                REMAINDER_SKIPPED, f"The last {N_MICRO % k} micro-batches (a group shorter than "
+                f"accumulation_steps={k}) got no optimizer step: {sizes}.", "Their data never "
+                "trains the model, and their gradients stay in .grad for whoever steps next.",
+                "step the short last group too, its losses divided by its own size "
+                "(len(group)), e.g. `for start in range(0, len(micro_batches), k):`."))
+        else:
+            found.append(Problem.named(
+                WRONG_GROUPS, f"The optimizer stepped after {sizes}.", "Each step must use "
+                "one group of consecutive micro-batches.", f"step after every "
+                f"accumulation_steps={k} micro-batches, and once more after a shorter last "
+                "group."))
+    if crashed := error_problem(run, "train_accumulated", after_others=bool(found)):
+        found.append(crashed)
+    return found
+
+
+def _fp32_group(model: nn.Module, snapshot: Snapshot, micro_batches: Batches
+                ) -> tuple[torch.Tensor, float]:
+    """fp32's gradient and loss of the snapshot's group of micro-batches as one batch."""
+    with torch.no_grad():
+        for p, value in zip(model.parameters(), snapshot.params, strict=True):
+            p.copy_(value)
+    model.zero_grad(set_to_none=True)
+    inputs, targets = (torch.cat(t) for t in zip(*micro_batches[snapshot.first:snapshot.end],
+                                                 strict=True))
+    loss = nn.functional.mse_loss(model(inputs), targets)
+    loss.backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters()]), loss.item()
+
+
+def _gradient_problems(spy: AccumulationSpy, micro_batches: Batches
+                       ) -> tuple[list[Problem], list[float]]:
+    """Each step's gradient (before clipping) against fp32 autograd on its group as one batch,
+    at the same parameters; also returns fp32's loss of each group, for the returned losses."""
+    k, r = ACCUMULATION, N_MICRO % ACCUMULATION
+    model, _ = make_micro_batches()
+    verdicts, reference_losses = [], []
+    for i, snapshot in enumerate(spy.snapshots):
+        reference, loss = _fp32_group(model, snapshot, micro_batches)
+        reference_losses.append(loss)
+        grad = torch.cat([(torch.zeros_like(p) if g is None else g).flatten()
+                          for p, g in zip(snapshot.params, snapshot.grads, strict=True)])
+        error = ((grad - reference).norm() / reference.norm()).item()
+        if error <= GRAD_RTOL:
+            continue
+        ratio = (grad.norm() / reference.norm()).item()
+        parallel = nn.functional.cosine_similarity(grad, reference, dim=0).item() > 0.999
+        size = snapshot.end - snapshot.first
+        if parallel and size == k and math.isclose(ratio, k, rel_tol=0.05):
+            verdicts.append((LOSS_NOT_DIVIDED, i, ratio, error))
+        elif parallel and size == r and math.isclose(ratio, r / k, rel_tol=0.05):
+            verdicts.append((REMAINDER_DIVIDED_BY_K, i, ratio, error))
+        else:
+            verdicts.append((GRADIENT_NOT_LIKE_FP32, i, ratio, error))
+    return _gradient_verdict(verdicts), reference_losses
+
+
+def _gradient_verdict(verdicts: list[tuple[str, int, float, float]]) -> list[Problem]:
+    """One problem for the steps whose gradient is off: the mistake their ratio points at."""
+    k, r = ACCUMULATION, N_MICRO % ACCUMULATION
+    keys = {v[0] for v in verdicts}
+    if LOSS_NOT_DIVIDED in keys:
+        return [Problem.named(
+            LOSS_NOT_DIVIDED, f"Each full group's gradient was {k} times fp32's gradient of "
+            f"the group's {k} micro-batches taken as one batch: the micro-batch losses were "
+            "added up, not averaged.", f"With SGD (as here) every step is {k} times too long, "
+            "and clip_grad_norm_ sees a norm that grows with accumulation_steps.", "divide "
+            "each micro-batch's loss by the group's size before backward: "
+            "scaler.scale(loss / len(group)).backward().")]
+    if keys == {REMAINDER_DIVIDED_BY_K}:
+        return [Problem.named(
+            REMAINDER_DIVIDED_BY_K, f"The last group ({r} micro-batches) gave {r}/{k} of "
+            f"fp32's gradient for those {r} micro-batches as one batch: its losses were divided "
+            f"by accumulation_steps={k}, not by its own size.", "That step is shorter than "
+            "the others: its micro-batches count less.", "divide by the group's size, "
+            "`len(group)`, which is accumulation_steps except for the last group.")]
+    if verdicts:
+        _, i, ratio, error = next(v for v in verdicts if v[0] == GRADIENT_NOT_LIKE_FP32)
+        return [Problem.named(
+            GRADIENT_NOT_LIKE_FP32, f"Step {i + 1}'s gradient differs from fp32's gradient of "
+            f"its micro-batches taken as one batch by {error:.1%} (norm ratio {ratio:.3g}; a "
+            f"correct run stays within {GRAD_RTOL:.0%} here).", "The step does not follow "
+            "the big-batch training that accumulation stands in for.", "per micro-batch: "
+            "forward and loss under autocast, then scaler.scale(loss / len(group)).backward(); "
+            "per group: unscale_ and clip if asked, scaler.step, scaler.update, zero_grad.")]
+    return []
+
+
+LOSSES_FIX = ("return a list with one float per optimizer step: the sum of its "
+              "(loss / len(group)).item() values, the group's mean loss.")
+
+
+def _type_problems(losses: object) -> list[Problem]:
+    """The returned value must be a list (or tuple) of plain numbers."""
+    if wrong := type_problem(losses, (list, tuple), "train_accumulated", "a list of floats",
+                             LOSSES_FIX):
+        return [wrong]
+    if not all(isinstance(v, numbers.Real) for v in losses):
+        kinds = ", ".join(sorted({type(v).__name__ for v in losses}))
+        return [Problem.named(WRONG_RETURN, f"train_accumulated returned a list of {kinds}.",
+                              "The caller needs plain floats (a loss tensor also keeps its "
+                              "autograd graph alive).", "append loss.item(), not loss.")]
+    return []
+
+
+def _loss_problems(losses: Sequence[float], reference: Sequence[float], n_steps: int
+                   ) -> list[Problem]:
+    """One loss per step, each the group's mean micro-batch loss (fp32's on the big batch)."""
+    values = [float(v) for v in losses]
+    if len(values) != n_steps:
+        per = " (one per micro-batch)" if len(values) == N_MICRO else ""
+        return [Problem.named(
+            BAD_LOSSES, f"train_accumulated returned {len(values)} losses{per} for {n_steps} "
+            "optimizer steps.", "The contract is one loss per optimizer step.", LOSSES_FIX)]
+    if len(reference) != n_steps:  # a step was skipped (inf/NaN): no reference for it
+        return []
+    worst = max((abs(v - r) / r for v, r in zip(values, reference, strict=True)), default=0.0)
+    if not all(map(math.isfinite, values)) or worst > LOSS_RTOL:
+        pairs = ", ".join(f"{v:.4g} vs {r:.4g}" for v, r in zip(values, reference, strict=True))
+        return [Problem.named(
+            BAD_LOSSES, f"The returned losses are not the groups' mean losses (yours vs fp32 on "
+            f"the same group and parameters: {pairs}).", "A group's loss is the mean of its "
+            "micro-batch losses, unscaled: the loss of the big batch it stands in for.",
+            LOSSES_FIX)]
+    return []
+
+
+def check_train_accumulated(fn: Callable[..., object]) -> CheckResult:
+    """Run ``fn`` on small CPU problems (float16, float16 with clipping, bfloat16) and name every
+    mistake; about a second on a laptop CPU.
+
+    ``fn(model, optimizer, scaler, micro_batches, loss_fn, accumulation_steps, device_type,
+    amp_dtype, max_grad_norm=None)`` returns one loss per optimizer step.
+    """
+    found = []
+    for scenario in SCENARIOS:
+        spy, run, micro_batches = _run(fn, scenario)
+        problems = _process_problems(spy, run)
+        if run.error is None:
+            problems += _type_problems(run.value)
+        if run.error is None and not problems:
+            problems, reference_losses = _gradient_problems(spy, micro_batches)
+            if not problems:
+                problems = _loss_problems(run.value, reference_losses, len(spy.sizes))
+        found.append((scenario.name, problems))
+    return collect(found, PRAISE)

@@ -1,0 +1,381 @@
+"""The ``save`` / ``load`` exercise (lesson 05): a checkpoint that resumes AMP training bit for bit.
+
+``check_save_and_load(save, load)`` trains lesson 06's small MLP on the CPU in float16 with a
+GradScaler whose scale grows every ``GROWTH_INTERVAL`` steps, and Adam (whose moments a resumed
+run needs). It saves with the learner's ``save`` after ``SAVE_AT`` of ``STEPS`` steps, loads with
+the learner's ``load`` into a fresh model (other initial weights), optimizer and scaler, trains
+the rest, and compares with an uninterrupted run: every parameter equal (``torch.equal``), the
+scale after every step equal, the step returned right. When they differ, it reads what ``save``
+wrote and what ``load`` restored, and names the part that was lost. No randomness is drawn after
+the resume (fixed batches, no dropout), so the checker asks for no RNG state.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import numbers
+import pickle
+import re
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from amp_tutorial.exercises.checking import (
+    RAISED,
+    TIMED_OUT,
+    WRONG_RETURN,
+    CheckResult,
+    Problem,
+    attempt,
+    collect,
+    error_problem,
+    type_problem,
+)
+from amp_tutorial.exercises.train_loop import make_exercise_problem
+
+STEPS = 8
+SAVE_AT = 3  # 5 steps after the resume: an odd number, so a lost growth count shows at the end
+LEARNING_RATE = 1e-2
+INIT_SCALE = 256.0
+GROWTH_INTERVAL = 2  # the scale doubles every 2 good steps: 256 -> 4096 over the run
+DEVICE_TYPE = "cpu"  # float16 autocast and GradScaler("cpu") run on the CPU
+SCENARIO = "float16 + GradScaler, Adam"
+
+# Problem keys: one per mistake the checker can name.
+NOTHING_WRITTEN = "nothing-written-at-path"
+OBJECTS_SAVED = "objects-pickled"
+MODEL_NOT_SAVED = "model-not-saved"
+OPTIMIZER_NOT_SAVED = "optimizer-not-saved"
+SCALER_NOT_SAVED = "scaler-not-saved"
+SCALE_ONLY = "scale-without-growth-tracker"
+NOT_LOADED = "state-not-loaded-into-object"
+WEIGHTS_DOWNCAST = "weights-in-low-precision"
+WRONG_STEP = "wrong-step"
+RESUME_DIFFERS = "resume-differs"
+__all__ = ["RAISED", "TIMED_OUT", "WRONG_RETURN", "check_save_and_load"]
+PRAISE = (f"All checks passed: saved after step {SAVE_AT} and loaded into fresh objects, the run "
+          f"resumed at the right step and ended bit for bit like the uninterrupted one "
+          "(parameters, Adam's state, the GradScaler's scale and growth count).")
+
+
+@dataclass
+class Run:
+    """The objects one training run holds: what a checkpoint must carry."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    scales: list[float] = field(default_factory=list)  # the scale after each step
+
+    @classmethod
+    def start(cls, seed: int = 0) -> Run:
+        model, _ = make_exercise_problem(seed)
+        return cls(model, torch.optim.Adam(model.parameters(), lr=LEARNING_RATE),
+                   torch.amp.GradScaler(DEVICE_TYPE, init_scale=INIT_SCALE,
+                                        growth_interval=GROWTH_INTERVAL))
+
+    def train(self, first: int, last: int) -> None:
+        """Steps ``first`` to ``last - 1``: step ``i`` uses batch ``i % len(batches)``."""
+        batches = _batches()
+        for step in range(first, last):
+            inputs, targets = batches[step % len(batches)]
+            self.optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(DEVICE_TYPE, dtype=torch.float16):
+                loss = nn.functional.mse_loss(self.model(inputs), targets)
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.scales.append(self.scaler.get_scale())
+
+    def state(self) -> dict[str, Any]:
+        """A deep copy of everything the next step depends on."""
+        return copy.deepcopy({"model": self.model.state_dict(),
+                              "optimizer": self.optimizer.state_dict(),
+                              "scaler": self.scaler.state_dict()})
+
+
+@functools.cache
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return make_exercise_problem()[1]
+
+
+@functools.cache
+def _uninterrupted() -> tuple[tuple[torch.Tensor, ...], tuple[float, ...]]:
+    run = Run.start()
+    run.train(0, STEPS)
+    return tuple(p.detach().clone() for p in run.model.parameters()), tuple(run.scales)
+
+
+def same(a: object, b: object) -> bool:
+    """Equal all the way down; tensors bit for bit, with the same dtype."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+# -- what save wrote -------------------------------------------------------------------------------
+@dataclass
+class Written:
+    """What the files ``save`` wrote hold, as ``torch.load(weights_only=True)`` reads them."""
+
+    files: int = 0  # how many files save wrote in the checkpoint's folder
+    refused: str = ""  # torch.load's error for a file of pickled objects
+    model: list[Mapping] = field(default_factory=list)  # model state dicts found
+    optimizer: bool = False  # an optimizer state dict ("state" and "param_groups") was found
+    scaler: bool = False  # a GradScaler state dict (with "_growth_tracker") was found
+
+
+def _parts(value: object, depth: int = 0) -> Iterator[object]:
+    """``value`` and the values nested in it (dicts, lists, tuples), a few levels deep."""
+    yield value
+    if depth < 4 and isinstance(value, Mapping):
+        for item in value.values():
+            yield from _parts(item, depth + 1)
+    elif depth < 4 and isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _parts(item, depth + 1)
+
+
+def _read_written(folder: Path, model_keys: set[str]) -> Written:
+    written = Written()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        written.files += 1
+        try:
+            content = torch.load(path, weights_only=True)
+        except pickle.UnpicklingError as error:
+            written.refused = written.refused or str(error)
+            continue
+        except Exception:  # noqa: BLE001 - not a torch file (a log, a temporary file): skip it
+            continue
+        for part in _parts(content):
+            if isinstance(part, Mapping) and set(part) == model_keys:
+                written.model.append(part)
+            elif isinstance(part, Mapping) and {"state", "param_groups"} <= set(part):
+                written.optimizer = True
+            elif isinstance(part, Mapping) and {"scale", "_growth_tracker"} <= set(part):
+                written.scaler = True
+    return written
+
+
+def _refusal_quote(refused: str) -> str:
+    """The sentences of torch.load's refusal that say what happened."""
+    found = re.search(r"Unsupported global: GLOBAL \S+ was not an allowed global by default",
+                      refused)
+    return "Weights only load failed. ... " + found.group(0) + "." if found else refused[:200]
+
+
+# -- what load restored ----------------------------------------------------------------------------
+@dataclass
+class Resumed:
+    """How the resumed run ended against the uninterrupted one."""
+
+    error: BaseException | None = None
+    params_equal: bool = False
+    scale_gap: str = ""  # the first step whose scale differs, in words
+
+    @property
+    def matches(self) -> bool:
+        return self.error is None and self.params_equal and not self.scale_gap
+
+
+def _finish(resumed: Run, step: int) -> Resumed:
+    """Train the resumed run from ``step`` to the end and compare with the uninterrupted one."""
+    params, scales = _uninterrupted()
+    run = attempt(resumed.train, step, STEPS)
+    if run.error is not None:
+        return Resumed(error=run.error)
+    result = Resumed(params_equal=all(
+        torch.equal(p, q) for p, q in zip(resumed.model.parameters(), params, strict=True)))
+    for i, (got, want) in enumerate(zip(resumed.scales, scales[step:], strict=True), step + 1):
+        if got != want:
+            result.scale_gap = (f"after step {i} its scale was {got:g}, the uninterrupted "
+                                f"run's {want:g}")
+            break
+    return result
+
+
+def _how_it_ended(resumed: Resumed) -> str:
+    if resumed.error is not None:
+        return ""
+    if resumed.scale_gap:
+        return f" Resumed like this, {resumed.scale_gap}."
+    if not resumed.params_equal:
+        return " Resumed like this, the parameters ended different from the uninterrupted run's."
+    return ""
+
+
+SIGNIFICANT_BITS = {torch.float16: 11, torch.bfloat16: 8}
+
+
+def _state_problems(saved: dict[str, Any], now: dict[str, Any], written: Written,
+                    ended: Resumed) -> list[Problem]:
+    """Which part of the saved state the fresh objects lack right after load (``now``), and
+    why."""
+    found, not_loaded = [], []
+    outcome = _how_it_ended(ended)
+    if not same(now["model"], saved["model"]):
+        low = {t.dtype for part in [*written.model, now["model"]] for t in part.values()
+               if t.dtype in SIGNIFICANT_BITS}
+        if low:
+            names = " and ".join(sorted(str(d).removeprefix("torch.") for d in low))
+            bits = min(SIGNIFICANT_BITS[d] for d in low)
+            found.append(Problem.named(
+                WEIGHTS_DOWNCAST, f"The model's weights came back rounded to {names}: they were "
+                "saved or loaded in that dtype instead of the fp32 that training holds.", "AMP "
+                "keeps the weights in fp32 (autocast casts copies inside the forward pass); "
+                f"{names} keeps {bits} significant bits of fp32's 24, so the resumed run started "
+                f"from rounded weights.{outcome}", "save model.state_dict() as it is and load it "
+                "with model.load_state_dict(...): no .half() or .to(dtype) anywhere."))
+        elif written.model:
+            not_loaded.append("model")
+        else:
+            found.append(Problem.named(
+                MODEL_NOT_SAVED, "After load the model's parameters were not the saved ones, and "
+                "no file save wrote holds the model's state dict.", "optimizer.state_dict() "
+                "holds Adam's moments and the hyperparameters, not the parameters themselves: "
+                f"the resumed run trained from fresh weights.{outcome}",
+                "save model.state_dict() and restore it with model.load_state_dict(...)."))
+    if not same(now["optimizer"], saved["optimizer"]):
+        if written.optimizer:
+            not_loaded.append("optimizer")
+        else:
+            found.append(Problem.named(
+                OPTIMIZER_NOT_SAVED, "After load the optimizer's state was not the saved one, "
+                "and no file save wrote holds an optimizer state dict.", "Adam keeps, for "
+                "every parameter, running averages of the gradient and of its square and a step "
+                "count; a fresh Adam starts them again from zero, so the resumed steps differ "
+                f"from the uninterrupted ones.{outcome}", "save optimizer.state_dict() and "
+                "restore it with optimizer.load_state_dict(...)."))
+    found += _scaler_problems(now["scaler"], saved["scaler"], written, not_loaded, outcome)
+    if not_loaded:
+        names = ", ".join(not_loaded)
+        found.append(Problem.named(
+            NOT_LOADED, f"The checkpoint holds the {names} state, but after load the {names} "
+            "passed to load did not have it.", "The caller trains on the objects it passed in; "
+            "a name rebound inside load (optimizer = torch.optim.Adam(...), or a new GradScaler) "
+            "is a new object the caller never sees, and the state dict loaded into it is "
+            f"lost.{outcome}", "load each state dict into the object you were given: "
+            "model.load_state_dict(...), optimizer.load_state_dict(...), "
+            "scaler.load_state_dict(...)."))
+    return found
+
+
+def _scaler_problems(now: dict[str, Any], saved: dict[str, Any], written: Written,
+                     not_loaded: list[str], outcome: str) -> list[Problem]:
+    if same(now, saved):
+        return []
+    had = f"scale {saved['scale']:g} and growth count {saved['_growth_tracker']}"
+    got = f"scale {now['scale']:g} and growth count {now['_growth_tracker']}"
+    if now["scale"] == saved["scale"]:
+        return [Problem.named(
+            SCALE_ONLY, f"After load the GradScaler had {got} where the saved run had {had}: "
+            "the scale was carried over, but not the rest of scaler.state_dict().", "The growth "
+            "count is the number of good steps since the scale last changed; the scale doubles "
+            f"when it reaches growth_interval ({GROWTH_INTERVAL} here), so a resumed run that "
+            f"restarts the count grows the scale at other steps.{outcome}", "save "
+            "scaler.state_dict() (scale, growth and backoff factors, growth interval, growth "
+            "count) and restore it with scaler.load_state_dict(...).")]
+    if written.scaler:
+        not_loaded.append("scaler")
+        return []
+    return [Problem.named(
+        SCALER_NOT_SAVED, f"After load the GradScaler had {got} where the saved run had {had}, "
+        "and no file save wrote holds a GradScaler state dict.", "A fresh GradScaler starts "
+        "again at its init_scale (on any device), so a resumed float16 run re-learns the "
+        "scale: steps at a scale that overflows are skipped, and steps at a scale too small "
+        f"let small gradients underflow.{outcome}", "save scaler.state_dict() and restore it with "
+        "scaler.load_state_dict(...).")]
+
+
+# -- the check -------------------------------------------------------------------------------------
+def check_save_and_load(save: Callable[..., object], load: Callable[..., object]) -> CheckResult:
+    """Save mid-run with ``save``, resume fresh objects with ``load``, and name what was lost.
+
+    ``save(path, model, optimizer, scaler, step)`` writes a checkpoint at ``path`` (a
+    ``pathlib.Path`` in an empty folder; more files beside it are fine), and
+    ``load(path, model, optimizer, scaler)`` restores it into the objects given and returns the
+    step. Float16 with a GradScaler and Adam, on the CPU; well under a second.
+    """
+    return collect([(SCENARIO, _problems(save, load))], PRAISE)
+
+
+def _problems(save: Callable[..., object], load: Callable[..., object]) -> list[Problem]:
+    first = Run.start()
+    first.train(0, SAVE_AT)
+    saved = first.state()
+    resumed = Run.start(seed=1)  # other initial weights: everything must come from the file
+    with tempfile.TemporaryDirectory(prefix="amp_checkpoint_") as folder:
+        path = Path(folder) / "checkpoint.pt"
+        saving = attempt(save, path, first.model, first.optimizer, first.scaler, SAVE_AT)
+        if saving.error is not None:
+            return [error_problem(saving, "save")]
+        written = _read_written(Path(folder), set(saved["model"]))
+        loading = attempt(load, path, resumed.model, resumed.optimizer, resumed.scaler)
+    found = []
+    if not written.files:
+        found.append(Problem.named(
+            NOTHING_WRITTEN, f"save wrote no file at {path.name!r} nor beside it.", "A "
+            "checkpoint kept in memory, or written somewhere else, is gone (or not found) when "
+            "a new process resumes from the path it was given.", "write the checkpoint to "
+            "`path` with torch.save(..., path), and read it from `path` in load."))
+    if written.refused:
+        quote = _refusal_quote(written.refused)
+        found.append(Problem.named(
+            OBJECTS_SAVED, "The checkpoint holds pickled Python objects, not only tensors, "
+            "state dicts and plain values, so torch.load refuses it with its default "
+            f"weights_only=True (the default since PyTorch 2.6): '{quote}'",
+            "Reading it needs weights_only=False, which torch warns can run arbitrary code "
+            "from the file, and the same classes' code as when it was saved.", "save state "
+            "dicts and plain values only: {'model': model.state_dict(), 'optimizer': "
+            "optimizer.state_dict(), 'scaler': scaler.state_dict(), 'step': step} (a version "
+            "as str(torch.__version__)), and restore each with load_state_dict."))
+    if loading.error is not None:
+        if not (written.refused and isinstance(loading.error, pickle.UnpicklingError)):
+            found.append(error_problem(loading, "load", after_others=bool(found)))
+        return found
+    step = loading.value
+    if wrong := type_problem(step, numbers.Integral, "load", "the step (an int)",
+                             "return the step saved with the checkpoint, as an int."):
+        return [*found, wrong]
+    after_load = resumed.state()
+    ended = _finish(resumed, step) if 0 <= step <= STEPS else Resumed()
+    if step != SAVE_AT:
+        found.append(Problem.named(
+            WRONG_STEP, f"load returned step {step}, but the checkpoint was saved at step "
+            f"{SAVE_AT}.", "The caller resumes its loop at the step load returns: the data "
+            "order, a learning-rate schedule and the number of steps left all follow it.",
+            "save the step in the checkpoint and return it from load."))
+    found += _state_problems(saved, after_load, written, ended)
+    if not found and not ended.matches:
+        found.append(_differs(resumed, ended))
+    return found
+
+
+def _differs(resumed: Run, ended: Resumed) -> Problem:
+    """Every state matched after load, yet the resumed run ended differently."""
+    held = {id(p) for group in resumed.optimizer.param_groups for p in group["params"]}
+    hint = ""
+    if held != {id(p) for p in resumed.model.parameters()}:
+        hint = (" The optimizer no longer holds the model's parameters: "
+                "model.load_state_dict(..., assign=True) puts new Parameter objects into the "
+                "model, and an optimizer built before keeps updating the old ones.")
+    how = (f"training it further raised {type(ended.error).__name__}: {ended.error}"
+           if ended.error
+           else ended.scale_gap or "the parameters ended different")
+    return Problem.named(
+        RESUME_DIFFERS, f"Right after load, model, optimizer and scaler held the saved state, "
+        f"but the resumed run did not end like the uninterrupted one ({how}).{hint}",
+        "A resumed run must continue exactly where the saved one stopped.",
+        "copy each saved state into the objects you were given with load_state_dict (without "
+        "assign=True), and change nothing else about them.")

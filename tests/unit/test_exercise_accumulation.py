@@ -1,0 +1,302 @@
+"""check_train_accumulated: every listed mistake is named, and every correct variant passes.
+
+``accumulated_loop()`` builds the reference answer's steps; each wrong case changes one thing, so
+the checker must report that mistake's key and nothing else (RAISED too where GradScaler refuses
+the call order). ``test_builder_defaults_are_the_reference_answer`` keeps the builder honest.
+"""
+
+from __future__ import annotations
+
+import runpy
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from amp_tutorial.exercises import accumulation as exercise
+from amp_tutorial.exercises import checking
+from amp_tutorial.exercises.accumulation import check_train_accumulated, group_sizes
+from tests.support import SOLUTIONS
+
+reference_solution = runpy.run_path(str(SOLUTIONS / "train_accumulated.py"))["train_accumulated"]
+
+
+def group_means(group_losses: list[float], micro_losses: list[torch.Tensor]) -> object:
+    """What the reference returns: per step, the sum of its micro-batches' divided losses."""
+    return group_losses
+
+
+def accumulated_loop(
+    *,
+    divide: str = "group",  # divide each loss by: "group" (its size), "k" (always), "all"
+    # (the number of micro-batches) or "none"
+    step_every: str = "group",  # "group" or "micro-batch"
+    update: str = "group",  # "group" (after the step), "micro-batch" (also mid-group), "never"
+    zero: str = "group start",  # "group start", "after step", "every micro-batch", "never"
+    zero_on_model: bool = False,
+    set_to_none: bool = True,
+    unscale: str = "when clipping",  # "when clipping", "always" or "every micro-batch"
+    clip: bool = True,
+    clip_before_unscale: bool = False,
+    scaler_kind: str = "given",  # "given", "new per group", "none for bf16"
+    last_group: str = "step",  # "step" or "skip"
+    backward_each: bool = True,  # False: sum the group's losses, one backward per group
+    autocast_on: bool = True,
+    returns: Callable[[list[float], list[torch.Tensor]], object] = group_means,
+) -> Callable[..., object]:
+    """A ``train_accumulated`` doing the reference answer's steps, changed as the options say."""
+    def train_accumulated(model, optimizer, scaler, micro_batches, loss_fn, accumulation_steps,
+                          device_type, amp_dtype, max_grad_norm=None):
+        k, n = accumulation_steps, len(micro_batches)
+        if last_group == "skip":
+            micro_batches = micro_batches[:n - n % k]
+        owner = model if zero_on_model else optimizer
+        use_scaler = not (scaler_kind == "none for bf16" and amp_dtype == torch.bfloat16)
+        clipping = clip and max_grad_norm is not None
+
+        def backward(loss: torch.Tensor) -> None:
+            (scaler.scale(loss) if use_scaler else loss).backward()
+
+        def unscale_and_clip() -> None:
+            if clipping and clip_before_unscale:
+                nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            if use_scaler and (clipping or unscale == "always"):
+                scaler.unscale_(optimizer)
+            if clipping and not clip_before_unscale:
+                nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+
+        group_losses, micro_losses = [], []
+        for start in range(0, len(micro_batches), k):
+            group = micro_batches[start:start + k]
+            if scaler_kind == "new per group":
+                scaler = torch.amp.GradScaler(device_type)
+            if zero == "group start":
+                owner.zero_grad(set_to_none=set_to_none)
+            divisor = {"group": len(group), "k": k, "all": n, "none": 1}[divide]
+            total, held = 0.0, []
+            for j, (inputs, targets) in enumerate(group):
+                if zero == "every micro-batch":
+                    owner.zero_grad(set_to_none=set_to_none)
+                with torch.autocast(device_type, dtype=amp_dtype, enabled=autocast_on):
+                    loss = loss_fn(model(inputs), targets) / divisor
+                total += loss.item()
+                micro_losses.append(loss)
+                if backward_each:
+                    backward(loss)
+                else:
+                    held.append(loss)
+                if unscale == "every micro-batch" and clipping:
+                    unscale_and_clip()
+                if step_every == "micro-batch" or j == len(group) - 1:
+                    if held:
+                        backward(sum(held))
+                    if unscale != "every micro-batch":
+                        unscale_and_clip()
+                    if use_scaler:
+                        scaler.step(optimizer)
+                    else:
+                        optimizer.step()
+                    if use_scaler and update != "never":
+                        scaler.update()
+                    if zero == "after step":
+                        owner.zero_grad(set_to_none=set_to_none)
+                elif update == "micro-batch":
+                    scaler.update()
+            group_losses.append(total)
+        return returns(group_losses, micro_losses)
+
+    return train_accumulated
+
+
+def test_builder_defaults_are_the_reference_answer() -> None:
+    for scenario in exercise.SCENARIOS:
+        runs = []
+        for fn in (reference_solution, accumulated_loop()):
+            model, micro_batches = exercise.make_micro_batches()
+            optimizer = torch.optim.SGD(model.parameters(), lr=exercise.LEARNING_RATE)
+            losses = fn(model, optimizer, scenario.new_scaler(), micro_batches, nn.MSELoss(),
+                        exercise.ACCUMULATION, exercise.DEVICE_TYPE, scenario.amp_dtype,
+                        scenario.max_grad_norm)
+            runs.append((losses, [p.detach().clone() for p in model.parameters()]))
+        (ref_losses, ref_params), (built_losses, built_params) = runs
+        assert built_losses == ref_losses, scenario.name
+        assert all(torch.equal(a, b) for a, b in zip(ref_params, built_params, strict=True))
+
+
+# -- one mistake each ------------------------------------------------------------------------------
+# (case, the one change, the key the checker must report, whether GradScaler also raises: it
+# refuses update() with no step since the last one, a second step() without update(), and a second
+# unscale_() before update(); the checker then reports the error too, as RAISED)
+MISTAKES = [
+    ("forward without autocast", accumulated_loop(autocast_on=False),
+     exercise.FORWARD_NOT_AUTOCAST, False),
+    ("loss not divided by k", accumulated_loop(divide="none"), exercise.LOSS_NOT_DIVIDED, False),
+    ("short last group divided by k", accumulated_loop(divide="k"),
+     exercise.REMAINDER_DIVIDED_BY_K, False),
+    ("step every micro-batch", accumulated_loop(step_every="micro-batch", zero="after step"),
+     exercise.STEPPED_MID_GROUP, False),
+    ("update every micro-batch", accumulated_loop(update="micro-batch"),
+     exercise.UPDATE_MID_GROUP, True),
+    ("update never", accumulated_loop(update="never"), exercise.NO_SCALER_UPDATE, True),
+    ("loss divided by the number of micro-batches", accumulated_loop(divide="all"),
+     exercise.GRADIENT_NOT_LIKE_FP32, False),
+    ("clip before unscale_", accumulated_loop(clip_before_unscale=True),
+     exercise.GRADIENT_NOT_LIKE_FP32, False),
+    ("zero_grad every micro-batch", accumulated_loop(zero="every micro-batch"),
+     exercise.ZEROED_MID_GROUP, False),
+    ("zero_grad every micro-batch, to zeros",
+     accumulated_loop(zero="every micro-batch", set_to_none=False), exercise.ZEROED_MID_GROUP,
+     False),
+    ("zero_grad never", accumulated_loop(zero="never"), exercise.GRADS_NOT_ZEROED, False),
+    ("unscale_ and clip every micro-batch", accumulated_loop(unscale="every micro-batch"),
+     exercise.UNSCALED_MID_GROUP, True),
+    ("clipping ignored", accumulated_loop(clip=False), exercise.NOT_CLIPPED, False),
+    ("scaler recreated per group", accumulated_loop(scaler_kind="new per group"),
+     exercise.SCALER_REPLACED, False),
+    ("short last group skipped", accumulated_loop(last_group="skip"),
+     exercise.REMAINDER_SKIPPED, False),
+    ("one step for all micro-batches",
+     lambda *args, **kwargs: accumulated_loop()(*args[:5], len(args[3]), *args[6:], **kwargs),
+     exercise.WRONG_GROUPS, False),
+    ("losses summed, one backward per group", accumulated_loop(backward_each=False),
+     exercise.GRAPHS_HELD, False),
+    ("one loss per micro-batch",
+     accumulated_loop(returns=lambda groups, micro: [x.item() for x in micro]),
+     exercise.BAD_LOSSES, False),
+    ("last micro-batch's loss per step",
+     accumulated_loop(returns=lambda groups, micro: [micro[i].item() for i in (2, 5, 7)]),
+     exercise.BAD_LOSSES, False),
+    ("loss tensors", accumulated_loop(returns=lambda groups, micro: micro[2::3]),
+     exercise.WRONG_RETURN, False),
+    ("returns None", accumulated_loop(returns=lambda groups, micro: None), exercise.WRONG_RETURN,
+     False),
+]
+WRONG = {name: fn for name, fn, _, _ in MISTAKES}
+
+
+@pytest.mark.parametrize(("fn", "key", "also_raises"),
+                         [pytest.param(*case[1:], id=case[0]) for case in MISTAKES])
+def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises: bool) -> None:
+    result = check_train_accumulated(fn)
+    assert not result.passed
+    expected = {key, exercise.RAISED} if also_raises else {key}
+    assert result.keys <= expected and key in result.keys, str(result)
+    assert all(p.message for p in result.problems)
+
+
+def test_every_problem_key_has_a_case() -> None:
+    keys = {value for name, value in vars(exercise).items()
+            if name.isupper() and isinstance(value, str)
+            and value not in (exercise.DEVICE_TYPE, exercise.PRAISE, exercise.LOSSES_FIX)}
+    # RAISED and TIMED_OUT: the crash and endless-loop tests below
+    covered = {key for _, _, key, _ in MISTAKES} | {exercise.RAISED, exercise.TIMED_OUT}
+    assert covered == keys
+
+
+def test_torch_raises_what_the_messages_quote() -> None:
+    """GradScaler's own words, quoted by three messages, for the call orders they name."""
+    quoted = {"update every micro-batch": "No inf checks were recorded prior to update.",
+              "update never": "step() has already been called since the last update().",
+              "unscale_ and clip every micro-batch":
+              "unscale_() has already been called on this optimizer since the last update()."}
+    for case, words in quoted.items():
+        result = check_train_accumulated(WRONG[case])
+        raised = next(p.message for p in result.problems if p.key == exercise.RAISED)
+        named = next(p.message for p in result.problems if p.key != exercise.RAISED)
+        assert words in raised and words in named, case
+
+
+def test_a_crash_is_reported_not_raised() -> None:
+    def broken(*args, **kwargs):
+        raise ValueError("not done yet")
+
+    result = check_train_accumulated(broken)
+    assert result.keys == {exercise.RAISED}
+    assert "ValueError: not done yet" in str(result)
+
+
+def test_an_endless_loop_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checking, "TIME_LIMIT_S", 0.2)
+
+    def endless(*args, **kwargs):
+        while True:
+            pass
+
+    result = check_train_accumulated(endless)
+    assert result.keys == {exercise.TIMED_OUT}
+    assert "still running after" in str(result) and "Traceback" not in str(result)
+
+
+def test_checker_leaves_torch_unpatched() -> None:
+    backward, scale = torch.autograd.backward, torch.amp.GradScaler.scale
+    unscale, step, update = (torch.amp.GradScaler.unscale_, torch.amp.GradScaler.step,
+                             torch.amp.GradScaler.update)
+    check_train_accumulated(WRONG["unscale_ and clip every micro-batch"])
+    assert torch.autograd.backward is backward and torch.amp.GradScaler.scale is scale
+    assert (torch.amp.GradScaler.unscale_, torch.amp.GradScaler.step,
+            torch.amp.GradScaler.update) == (unscale, step, update)
+
+
+# -- correct variants ------------------------------------------------------------------------------
+def enumerate_loop(model, optimizer, scaler, micro_batches, loss_fn, accumulation_steps,
+                   device_type, amp_dtype, max_grad_norm=None):
+    """A right answer spelled differently: one loop over the micro-batches, a step when a group
+    ends by count, zeroing after the step, bf16 without any scaler call."""
+    k, n = accumulation_steps, len(micro_batches)
+    fp16 = amp_dtype == torch.float16
+    losses, running = [], 0.0
+    for i, (inputs, targets) in enumerate(micro_batches):
+        size = min(k, n - i // k * k)  # this micro-batch's group size
+        with torch.amp.autocast(device_type, amp_dtype):
+            loss = loss_fn(model(inputs), targets)
+        (scaler.scale(loss / size) if fp16 else loss / size).backward()
+        running += loss.item() / size
+        if (i + 1) % k and i + 1 < n:
+            continue
+        if fp16:
+            scaler.unscale_(optimizer)
+        if max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        if fp16:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        for p in model.parameters():
+            p.grad = None
+        losses.append(running)
+        running = 0.0
+    return losses
+
+
+CORRECT = {
+    "reference solution": reference_solution,
+    "one loop, step by count, grads set to None by hand, bf16 without scaler calls":
+        enumerate_loop,
+    "zero after the step (to zeros), model.zero_grad, unscale_ every group": accumulated_loop(
+        zero="after step", zero_on_model=True, set_to_none=False, unscale="always"),
+    "bf16 without a scaler, losses as a tuple": accumulated_loop(
+        scaler_kind="none for bf16", returns=lambda groups, micro: tuple(groups)),
+}
+
+
+@pytest.mark.parametrize("name", list(CORRECT))
+def test_correct_variants_pass(name: str) -> None:
+    result = check_train_accumulated(CORRECT[name])
+    assert result.passed, str(result)
+    assert "All checks passed" in str(result)
+
+
+def test_the_contract_has_a_short_last_group() -> None:
+    assert group_sizes(exercise.N_MICRO, exercise.ACCUMULATION) == [3, 3, 2]
+    assert group_sizes(6, 3) == [3, 3]
+
+
+def test_problem_is_repeatable_and_leaves_global_rng_alone() -> None:
+    state = torch.random.get_rng_state()
+    (model_a, data_a), (model_b, data_b) = (exercise.make_micro_batches() for _ in range(2))
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert all(torch.equal(a, b) for a, b in zip(model_a.parameters(), model_b.parameters(),
+                                                   strict=True))
+    assert len(data_a) == exercise.N_MICRO and torch.equal(data_a[0][0], data_b[0][0])

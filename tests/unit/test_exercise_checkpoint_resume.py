@@ -1,0 +1,268 @@
+"""check_save_and_load: every listed mistake is named, and every correct variant passes.
+
+``checkpoint_pair()`` builds the reference answer's ``save`` and ``load``; each wrong case changes
+one thing, so the checker must report that mistake's key and nothing else.
+``test_builder_defaults_are_the_reference_answer`` keeps the builder honest.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import runpy
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from amp_tutorial.checkpoint import load_checkpoint, save_checkpoint
+from amp_tutorial.exercises import checking
+from amp_tutorial.exercises import checkpoint_resume as exercise
+from amp_tutorial.exercises.checkpoint_resume import Run, check_save_and_load
+from tests.support import SOLUTIONS
+
+reference = runpy.run_path(str(SOLUTIONS / "save_and_load.py"))
+Pair = tuple[Callable[..., object], Callable[..., object]]
+
+
+def checkpoint_pair(
+    *,
+    parts: tuple[str, ...] = ("model", "optimizer", "scaler"),  # the state dicts saved
+    model_as: str = "state dict",  # "state dict", "object" (the module) or "float16"
+    scaler_as: str = "state dict",  # "state dict" or "scale" (get_scale() only)
+    weights_only: bool | None = None,  # None: torch.load's default
+    save_step: bool = True,
+    returns: str = "step",  # "step", "nothing" or "tensor"
+    rebind: str | None = None,  # load this part into a new object: "optimizer" or "scaler"
+    assign: bool = False,  # model.load_state_dict(..., assign=True)
+) -> Pair:
+    """``save`` and ``load`` doing the reference answer's steps, changed as the options say."""
+    def save(path, model, optimizer, scaler, step):
+        state = {}
+        if "model" in parts:
+            state["model"] = {"state dict": model.state_dict(), "object": model,
+                              "float16": {k: v.half() for k, v in model.state_dict().items()},
+                              }[model_as]
+        if "optimizer" in parts:
+            state["optimizer"] = optimizer.state_dict()
+        if "scaler" in parts:
+            state["scaler"] = (scaler.state_dict() if scaler_as == "state dict"
+                               else scaler.get_scale())
+        if save_step:
+            state["step"] = step
+        torch.save(state, path)
+
+    def load(path, model, optimizer, scaler):
+        kwargs = {} if weights_only is None else {"weights_only": weights_only}
+        checkpoint = torch.load(path, **kwargs)
+        if "model" in parts:
+            saved = checkpoint["model"]
+            model.load_state_dict(saved.state_dict() if model_as == "object" else saved,
+                                  assign=assign)
+        if "optimizer" in parts:
+            if rebind == "optimizer":
+                optimizer = torch.optim.Adam(model.parameters())
+            optimizer.load_state_dict(checkpoint["optimizer"])
+        if "scaler" in parts:
+            if rebind == "scaler":
+                scaler = torch.amp.GradScaler("cpu")
+            if scaler_as == "state dict":
+                scaler.load_state_dict(checkpoint["scaler"])
+            else:  # put the saved scale into the fresh scaler's state: its growth count stays 0
+                scaler.load_state_dict({**scaler.state_dict(), "scale": checkpoint["scaler"]})
+        step = checkpoint.get("step", 0)
+        return {"step": step, "nothing": None, "tensor": torch.tensor(step)}[returns]
+
+    return save, load
+
+
+def in_memory_pair() -> Pair:
+    """A checkpoint kept in a dict (deep copies: right state, but no file at ``path``)."""
+    memory = {}
+
+    def save(path, model, optimizer, scaler, step):
+        memory.update(copy.deepcopy({"model": model.state_dict(), "scaler": scaler.state_dict(),
+                                     "optimizer": optimizer.state_dict(), "step": step}))
+
+    def load(path, model, optimizer, scaler):
+        for name, target in (("model", model), ("optimizer", optimizer), ("scaler", scaler)):
+            target.load_state_dict(memory[name])
+        return memory["step"]
+
+    return save, load
+
+
+def test_builder_defaults_are_the_reference_answer(tmp_path: Path) -> None:
+    finals = []
+    for save, load in ((reference["save"], reference["load"]), checkpoint_pair()):
+        first, resumed = Run.start(), Run.start(seed=1)
+        first.train(0, exercise.SAVE_AT)
+        save(tmp_path / "c.pt", first.model, first.optimizer, first.scaler, exercise.SAVE_AT)
+        step = load(tmp_path / "c.pt", resumed.model, resumed.optimizer, resumed.scaler)
+        resumed.train(step, exercise.STEPS)
+        finals.append((step, resumed.state()))
+    assert finals[0][0] == finals[1][0] == exercise.SAVE_AT
+    assert exercise.same(finals[0][1], finals[1][1])
+
+
+# -- one mistake each ------------------------------------------------------------------------------
+MISTAKES = [
+    ("scaler state not saved", checkpoint_pair(parts=("model", "optimizer")),
+     exercise.SCALER_NOT_SAVED),
+    ("only the scale saved (get_scale)", checkpoint_pair(scaler_as="scale"), exercise.SCALE_ONLY),
+    ("optimizer state not saved", checkpoint_pair(parts=("model", "scaler")),
+     exercise.OPTIMIZER_NOT_SAVED),
+    ("model not saved (the optimizer's state has no weights)",
+     checkpoint_pair(parts=("optimizer", "scaler")), exercise.MODEL_NOT_SAVED),
+    ("model object saved, torch.load's default", checkpoint_pair(model_as="object"),
+     exercise.OBJECTS_SAVED),
+    ("model object saved, weights_only=False",
+     checkpoint_pair(model_as="object", weights_only=False), exercise.OBJECTS_SAVED),
+    ("torch.__version__ saved as it is (a TorchVersion object)",
+     (lambda path, *args: reference["save"](path, *args) or torch.save(
+         {**torch.load(path), "torch": torch.__version__}, path),
+      lambda path, *args: reference["load"](path, *args)), exercise.OBJECTS_SAVED),
+    ("weights saved in float16", checkpoint_pair(model_as="float16"),
+     exercise.WEIGHTS_DOWNCAST),
+    ("optimizer state loaded into a new optimizer", checkpoint_pair(rebind="optimizer"),
+     exercise.NOT_LOADED),
+    ("scaler state loaded into a new GradScaler", checkpoint_pair(rebind="scaler"),
+     exercise.NOT_LOADED),
+    ("step not saved", checkpoint_pair(save_step=False), exercise.WRONG_STEP),
+    ("step not returned", checkpoint_pair(returns="nothing"), exercise.WRONG_RETURN),
+    ("step returned as a tensor", checkpoint_pair(returns="tensor"), exercise.WRONG_RETURN),
+    ("checkpoint kept in memory, not written to path", in_memory_pair(),
+     exercise.NOTHING_WRITTEN),
+    ("load_state_dict(assign=True)", checkpoint_pair(assign=True), exercise.RESUME_DIFFERS),
+]
+WRONG = {name: pair for name, pair, _ in MISTAKES}
+
+
+@pytest.mark.parametrize(("pair", "key"), [pytest.param(*case[1:], id=case[0])
+                                           for case in MISTAKES])
+def test_each_mistake_is_named(pair: Pair, key: str) -> None:
+    result = check_save_and_load(*pair)
+    assert not result.passed
+    assert result.keys == {key}, str(result)
+    assert all(p.message for p in result.problems)
+
+
+def test_every_problem_key_has_a_case() -> None:
+    keys = {value for name, value in vars(exercise).items()
+            if name.isupper() and isinstance(value, str)
+            and value not in (exercise.DEVICE_TYPE, exercise.PRAISE, exercise.SCENARIO)}
+    # RAISED and TIMED_OUT: the crash and endless-loop tests below
+    covered = {key for _, _, key in MISTAKES} | {exercise.RAISED, exercise.TIMED_OUT}
+    assert covered == keys
+
+
+def test_a_pickled_model_message_quotes_torch_load() -> None:
+    """torch 2.14.1's own words for a pickled module, read with weights_only=True."""
+    text = str(check_save_and_load(*WRONG["model object saved, torch.load's default"]))
+    assert "Weights only load failed." in text
+    assert ("Unsupported global: GLOBAL torch.nn.modules.container.Sequential was not an "
+            "allowed global by default") in text
+    assert "Traceback" not in text and "\x1b" not in text
+
+
+@pytest.mark.parametrize("case", ["scaler state not saved", "only the scale saved (get_scale)"])
+def test_a_lost_scaler_state_changes_the_scale_of_the_resumed_run(case: str) -> None:
+    """The scale really diverges (parameters do not: scaling by powers of two is exact here)."""
+    message = str(check_save_and_load(*WRONG[case]))
+    assert "Resumed like this, after step" in message and "the uninterrupted run's" in message
+
+
+def test_the_scale_changes_during_the_run_and_the_growth_count_matters_at_the_save() -> None:
+    run = Run.start()
+    run.train(0, exercise.SAVE_AT)
+    assert run.scaler.state_dict()["_growth_tracker"] != 0  # so losing it shows
+    run.train(exercise.SAVE_AT, exercise.STEPS)
+    assert exercise.INIT_SCALE < run.scales[exercise.SAVE_AT - 1] < run.scales[-1]
+
+
+def test_a_crash_is_reported_not_raised() -> None:
+    def broken(*args, **kwargs):
+        raise ValueError("not done yet")
+
+    for pair in ((broken, reference["load"]), (reference["save"], broken)):
+        result = check_save_and_load(*pair)
+        assert result.keys == {exercise.RAISED}
+        assert "ValueError: not done yet" in str(result)
+
+
+def test_an_endless_loop_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checking, "TIME_LIMIT_S", 0.2)
+
+    def endless(*args, **kwargs):
+        while True:
+            pass
+
+    for pair in ((endless, reference["load"]), (reference["save"], endless)):
+        result = check_save_and_load(*pair)
+        assert result.keys == {exercise.TIMED_OUT}
+        assert "still running after" in str(result) and "Traceback" not in str(result)
+
+
+def test_checker_leaves_torch_unpatched() -> None:
+    save, load, backward = torch.save, torch.load, torch.autograd.backward
+    step, update = torch.amp.GradScaler.step, torch.amp.GradScaler.update
+    check_save_and_load(*WRONG["only the scale saved (get_scale)"])
+    assert (torch.save, torch.load, torch.autograd.backward) == (save, load, backward)
+    assert (torch.amp.GradScaler.step, torch.amp.GradScaler.update) == (step, update)
+
+
+# -- correct variants ------------------------------------------------------------------------------
+def save_separate_files(path, model, optimizer, scaler, step):
+    """The model in one file, the training state in another, each written then renamed."""
+    path = Path(path)
+    for target, state in ((path, model.state_dict()),
+                          (path.with_suffix(".train.pt"),
+                           {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                            "step": step})):
+        torch.save(state, target.with_suffix(".tmp"))
+        os.replace(target.with_suffix(".tmp"), target)
+
+
+def load_separate_files(path, model, optimizer, scaler):
+    path = Path(path)
+    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    train = torch.load(path.with_suffix(".train.pt"), map_location="cpu", weights_only=True)
+    optimizer.load_state_dict(train["optimizer"])
+    scaler.load_state_dict(train["scaler"])
+    return int(train["step"])
+
+
+def save_with_extra_keys(path, model, optimizer, scaler, step):
+    torch.save({"format": 2, "torch": str(torch.__version__), "amp_dtype": "float16", "step": step,
+                "states": {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                           "scaler": scaler.state_dict()}}, str(path))
+
+
+def load_with_extra_keys(path, model, optimizer, scaler):
+    checkpoint = torch.load(str(path), weights_only=False)  # our own file: trusted
+    assert checkpoint["format"] == 2
+    for name, target in (("model", model), ("optimizer", optimizer), ("scaler", scaler)):
+        target.load_state_dict(checkpoint["states"][name])
+    return checkpoint["step"]
+
+
+CORRECT = {
+    "reference solution": (reference["save"], reference["load"]),
+    "separate files, weights_only=True and map_location": (save_separate_files,
+                                                           load_separate_files),
+    "extra keys, nested, weights_only=False": (save_with_extra_keys, load_with_extra_keys),
+    "the course's save_checkpoint / load_checkpoint": (
+        lambda path, model, optimizer, scaler, step: save_checkpoint(path, model, optimizer,
+                                                                     scaler, step=step),
+        lambda path, model, optimizer, scaler: load_checkpoint(path, model, optimizer,
+                                                               scaler)["step"]),
+    "built: weights_only=True explicit": checkpoint_pair(weights_only=True),
+}
+
+
+@pytest.mark.parametrize("name", list(CORRECT))
+def test_correct_variants_pass(name: str) -> None:
+    result = check_save_and_load(*CORRECT[name])
+    assert result.passed, str(result)
+    assert "All checks passed" in str(result)
