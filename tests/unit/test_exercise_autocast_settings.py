@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from amp_tutorial.exercises import autocast_settings as exercise
-from amp_tutorial.exercises import checking
 from amp_tutorial.exercises.autocast_settings import (
     SCENARIOS,
     SIMULATED,
@@ -135,28 +134,6 @@ def test_every_problem_key_has_a_case() -> None:
     # RAISED and TIMED_OUT: the crash and endless-loop tests below
     covered = {key for _, _, key in MISTAKES} | {exercise.RAISED, exercise.TIMED_OUT}
     assert covered == keys
-
-
-def test_a_crash_is_reported_not_raised() -> None:
-    def stub(device):  # the lesson's stub, as the learner first runs it
-        raise NotImplementedError("Branch on device.type")
-
-    result = check_autocast_settings(stub)
-    assert result.keys == {exercise.RAISED}
-    assert "NotImplementedError: Branch on device.type" in str(result)
-    assert "Traceback" not in str(result)
-
-
-def test_an_endless_loop_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(checking, "TIME_LIMIT_S", 0.2)
-
-    def endless(device):
-        while True:
-            pass
-
-    result = check_autocast_settings(endless)
-    assert result.keys == {exercise.TIMED_OUT}
-    assert "still running after" in str(result) and "Traceback" not in str(result)
 
 
 def test_a_wrong_type_is_a_plain_message() -> None:

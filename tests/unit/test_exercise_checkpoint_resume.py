@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from amp_tutorial.checkpoint import load_checkpoint, save_checkpoint
-from amp_tutorial.exercises import checking
 from amp_tutorial.exercises import checkpoint_resume as exercise
 from amp_tutorial.exercises.checkpoint_resume import Run, check_save_and_load
 from tests.support import SOLUTIONS
@@ -179,29 +178,6 @@ def test_the_scale_changes_during_the_run_and_the_growth_count_matters_at_the_sa
     assert run.scaler.state_dict()["_growth_tracker"] != 0  # so losing it shows
     run.train(exercise.SAVE_AT, exercise.STEPS)
     assert exercise.INIT_SCALE < run.scales[exercise.SAVE_AT - 1] < run.scales[-1]
-
-
-def test_a_crash_is_reported_not_raised() -> None:
-    def broken(*args, **kwargs):
-        raise ValueError("not done yet")
-
-    for pair in ((broken, reference["load"]), (reference["save"], broken)):
-        result = check_save_and_load(*pair)
-        assert result.keys == {exercise.RAISED}
-        assert "ValueError: not done yet" in str(result)
-
-
-def test_an_endless_loop_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(checking, "TIME_LIMIT_S", 0.2)
-
-    def endless(*args, **kwargs):
-        while True:
-            pass
-
-    for pair in ((endless, reference["load"]), (reference["save"], endless)):
-        result = check_save_and_load(*pair)
-        assert result.keys == {exercise.TIMED_OUT}
-        assert "still running after" in str(result) and "Traceback" not in str(result)
 
 
 def test_checker_leaves_torch_unpatched() -> None:

@@ -21,7 +21,6 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from amp_tutorial.autocast_policy import _autocast_flags, _fake_tensors
-from amp_tutorial.exercises import checking
 from amp_tutorial.exercises import contrastive_loss as exercise
 from amp_tutorial.exercises.contrastive_loss import check_contrastive_loss
 from tests.support import SOLUTIONS
@@ -198,28 +197,6 @@ def test_a_device_agnostic_mistake_shows_only_on_simulated_cuda() -> None:
 def test_the_deprecated_spelling_is_named() -> None:
     text = str(check_contrastive_loss(old_cuda_amp_autocast))
     assert "torch.cuda.amp.autocast" in text and "FutureWarning" in text
-
-
-def test_a_crash_is_reported_not_raised() -> None:
-    def broken(*args, **kwargs):
-        raise ValueError("not done yet")
-
-    result = check_contrastive_loss(broken)
-    assert result.keys == {exercise.RAISED}
-    assert "ValueError: not done yet" in str(result)
-
-
-def test_an_endless_loop_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(checking, "TIME_LIMIT_S", 0.2)
-
-    def endless(*args, **kwargs):
-        while True:
-            pass
-
-    result = check_contrastive_loss(endless)
-    assert result.keys == {exercise.TIMED_OUT}
-    assert "still running after" in str(result) and "Traceback" not in str(result)
-    assert len(result.problems[0].message.split("]")[0].split(",")) == 2  # stopped at the first
 
 
 def test_checker_leaves_torch_unpatched() -> None:

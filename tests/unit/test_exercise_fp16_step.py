@@ -17,7 +17,6 @@ import pytest
 import torch
 from torch import nn
 
-from amp_tutorial.exercises import checking
 from amp_tutorial.exercises import fp16_step as exercise
 from amp_tutorial.exercises.fp16_step import check_fp16_step
 from tests.support import SOLUTIONS
@@ -204,27 +203,6 @@ def test_messages_quote_what_torch_raises() -> None:
         raised = next(p.message for p in result.problems if p.key == exercise.RAISED)
         named = next(p.message for p in result.problems if p.key != exercise.RAISED)
         assert words in raised and words in named, case
-
-
-def test_a_crash_is_reported_not_raised() -> None:
-    def broken(*args, **kwargs):
-        raise NotImplementedError("not done yet")
-
-    result = check_fp16_step(broken)
-    assert result.keys == {exercise.RAISED}
-    assert "NotImplementedError: not done yet" in str(result)
-
-
-def test_an_endless_loop_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(checking, "TIME_LIMIT_S", 0.2)
-
-    def endless(*args, **kwargs):
-        while True:
-            pass
-
-    result = check_fp16_step(endless)
-    assert result.keys == {exercise.TIMED_OUT}
-    assert "still running after" in str(result) and "Traceback" not in str(result)
 
 
 def test_checker_leaves_torch_unpatched() -> None:

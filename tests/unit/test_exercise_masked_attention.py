@@ -183,27 +183,6 @@ def test_messages_name_the_setting_and_the_fix() -> None:
     assert exercise.OVERFLOW_ERROR in raised  # torch's own words, quoted in the message too
 
 
-def test_a_crash_is_reported_not_raised() -> None:
-    def broken(q, k, v, mask):
-        raise ValueError("not done yet")
-
-    result = check_masked_attention(broken)
-    assert result.keys == {exercise.RAISED}
-    assert "ValueError: not done yet" in str(result) and "Traceback" not in str(result)
-
-
-def test_an_endless_loop_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(checking, "TIME_LIMIT_S", 0.2)
-
-    def endless(q, k, v, mask):
-        while True:
-            pass
-
-    result = check_masked_attention(endless)
-    assert result.keys == {exercise.TIMED_OUT}
-    assert "still running after" in str(result) and "Traceback" not in str(result)
-
-
 def test_checker_leaves_torch_unpatched() -> None:
     sdpa, softmax = F.scaled_dot_product_attention, torch.Tensor.softmax
 

@@ -17,7 +17,6 @@ import pytest
 import torch
 from torch import nn
 
-from amp_tutorial.exercises import checking
 from amp_tutorial.exercises import train_loop as exercise
 from amp_tutorial.exercises.train_loop import check_train_with_amp
 from tests.support import SOLUTIONS
@@ -246,27 +245,6 @@ def test_report_is_plain_words() -> None:
     result = check_train_with_amp(WRONG["loss not scaled"])
     text = str(result)
     assert "scaler.scale(loss).backward()" in text and "float16" in text
-
-
-def test_a_crash_is_reported_not_raised() -> None:
-    def broken(*args, **kwargs):
-        raise ValueError("not done yet")
-
-    result = check_train_with_amp(broken)
-    assert result.keys == {exercise.RAISED}
-    assert "ValueError: not done yet" in str(result)
-
-
-def test_an_endless_loop_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(checking, "TIME_LIMIT_S", 0.2)
-
-    def endless(*args, **kwargs):
-        while True:
-            pass
-
-    result = check_train_with_amp(endless)
-    assert result.keys == {exercise.TIMED_OUT}
-    assert "still running after" in str(result) and "Traceback" not in str(result)
 
 
 def test_checker_leaves_torch_unpatched() -> None:

@@ -32,11 +32,11 @@ from amp_tutorial.exercises.checking import (
     error_problem,
     type_problem,
 )
+from amp_tutorial.exercises.train_loop import make_exercise_problem
 from amp_tutorial.exercises.training_spy import TrainingSpy
 
 # The problem every check runs: small enough to answer in well under a second on a laptop CPU.
 N_STEPS = 3
-BATCH_SIZE = 64
 MAX_NORM = 0.1  # below the problem's gradient norm (about 0.27 at the first step): the clip fires
 INIT_SCALE = 2.0**12  # this problem's first step overflows in float16 from a scale of 2**19 up
 OVERFLOW_SCALE = 2.0**24  # 32 times that: a correct first step must be skipped
@@ -102,21 +102,8 @@ Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 def make_step_problem(seed: int = 0) -> tuple[nn.Module, Batches]:
-    """A small MLP and ``N_STEPS`` (inputs, targets) batches of a smooth regression, on the CPU.
-
-    Seeded without touching the global random state, so every call returns the same problem.
-    """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
-                              nn.Linear(32, 1))
-    generator = torch.Generator().manual_seed(seed)
-    direction = torch.randn(8, 1, generator=generator)
-    data = []
-    for _ in range(N_STEPS):
-        inputs = torch.randn(BATCH_SIZE, 8, generator=generator)
-        data.append((inputs, torch.sin(inputs @ direction)))
-    return model, data
+    """Lesson 06's small MLP and smooth regression, ``N_STEPS`` batches of it, on the CPU."""
+    return make_exercise_problem(seed, N_STEPS)
 
 
 def _params(model: nn.Module) -> torch.Tensor:

@@ -84,8 +84,8 @@ SCENARIOS = (
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
-def make_exercise_problem(seed: int = 0) -> tuple[nn.Module, Batches]:
-    """A small MLP and ``N_BATCHES`` (inputs, targets) batches of a smooth regression, on the CPU.
+def make_exercise_problem(seed: int = 0, n_batches: int = N_BATCHES) -> tuple[nn.Module, Batches]:
+    """A small MLP and ``n_batches`` (inputs, targets) batches of a smooth regression, on the CPU.
 
     Seeded without touching the global random state, so every call returns the same problem.
     """
@@ -96,7 +96,7 @@ def make_exercise_problem(seed: int = 0) -> tuple[nn.Module, Batches]:
     generator = torch.Generator().manual_seed(seed)
     direction = torch.randn(8, 1, generator=generator)
     data = []
-    for _ in range(N_BATCHES):
+    for _ in range(n_batches):
         inputs = torch.randn(BATCH_SIZE, 8, generator=generator)
         data.append((inputs, torch.sin(inputs @ direction)))
     return model, data
