@@ -20,6 +20,7 @@ from torch import nn
 from amp_tutorial.exercises import train_loop as exercise
 from amp_tutorial.exercises.train_loop import check_train_with_amp
 from tests.support import SOLUTIONS
+from tests.support.exercises import assert_names, problem_keys
 
 SOLUTION = SOLUTIONS / "train_with_amp.py"
 reference_solution = runpy.run_path(str(SOLUTION))["train_with_amp"]
@@ -226,17 +227,12 @@ WRONG = {name: fn for name, fn, _, _ in MISTAKES}
                          [pytest.param(*case[1:], id=case[0]) for case in MISTAKES])
 def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises: bool) -> None:
     result = check_train_with_amp(fn)
-    assert not result.passed
-    expected = {key, exercise.RAISED} if also_raises else {key}
-    assert result.keys <= expected and key in result.keys, str(result)
-    assert all(p.message for p in result.problems)
+    assert_names(result, key, also_raises)
 
 
 def test_every_problem_key_has_a_case() -> None:
-    keys = {value for name, value in vars(exercise).items()
-            if name.isupper() and isinstance(value, str)
-            and value not in (exercise.DEVICE_TYPE, exercise.PRAISE)}
-    # RAISED and TIMED_OUT: the crash and endless-loop tests below
+    keys = problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE)
+    # RAISED and TIMED_OUT: the crash and endless-loop tests in test_exercise_checkers.py
     covered = {key for _, _, key, _ in MISTAKES} | {exercise.RAISED, exercise.TIMED_OUT}
     assert covered == keys
 
