@@ -45,3 +45,17 @@ def test_the_template_has_every_lesson_header_and_is_not_collected():
     assert TEMPLATE not in LESSONS and not is_notebook(TEMPLATE)
     assert {header(path) for path in LESSONS} == {header(TEMPLATE)}
     assert jupytext.writes(jupytext.read(TEMPLATE), fmt="py:percent") == TEMPLATE.read_text()
+
+
+MAX_LESSON_LINES = 450  # CONTRIBUTING: one question per lesson, readable in one sitting
+MAX_CELL_LINES = 25  # CONTRIBUTING: a code cell fits on a screen
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_lessons_keep_to_the_size_rules(path):
+    """A lesson that grows past these is split at its headings (CONTRIBUTING.md)."""
+    assert len(path.read_text().splitlines()) <= MAX_LESSON_LINES
+    for index, cell in enumerate(jupytext.read(path).cells):
+        if cell.cell_type == "code":
+            lines = len(cell.source.strip("\n").splitlines())
+            assert lines <= MAX_CELL_LINES, f"{path.name}: cell {index} has {lines} lines"
