@@ -492,8 +492,9 @@ with FakeTensorMode():
 
 
 @cache
-def _fake_autograd_error(device_type: str) -> str | None:
-    """None if autograd runs on fake ``device_type`` tensors here, else why not (a child's error).
+def fake_autograd_problem(device_type: str) -> str | None:
+    """None if autograd runs on fake ``device_type`` tensors here, else why not (a child's error):
+    fake CUDA needs a CUDA build of torch (a GPU is not needed); a CPU-only build has none.
 
     Autograd asks the device's guard for a stream for every tensor it records; without the guard
     that is a C++ terminate, which no ``except`` can catch, so the try runs in a subprocess
@@ -527,7 +528,7 @@ def saved_activation_bytes_on(
     float32 for real). Raises RuntimeError where autograd cannot run on that fake device in this
     torch build (MPS and XPU in a CUDA or CPU build).
     """
-    reason = _fake_autograd_error(device_type)
+    reason = fake_autograd_problem(device_type)
     if reason is not None:
         raise RuntimeError(f"autograd cannot run on fake {device_type} tensors in this torch "
                            f"build ({reason}); count on a {device_type} machine instead")
