@@ -370,6 +370,25 @@ print(f"an autocast rule for batch_norm: {has_rule}")
 assert has_rule == {"cpu": False, "cuda": False, "xpu": False, "mps": True}
 
 # %% [markdown]
+# ## Try it
+#
+# Each exercise changes one thing in a cell above. Predict the outcome, then re-run from that cell.
+#
+# 1. **Layout is not shape.** In "The problem", set `MEMORY_FORMAT = torch.contiguous_format`. The
+#    printed shape is the same, but the cell's `channels_last` assert fails: the layout lives in
+#    the strides (`inputs.stride()` is `(2048, 1024, 32, 1)` at `smoke`, `(2048, 1, 64, 2)` before).
+# 2. **A GradScaler on bf16.** On a CPU (bf16), in section 2 replace
+#    `enabled=info.needs_grad_scaler(amp_dtype)` with `enabled=True`. The run now says "with
+#    GradScaler", and its losses are the same as without it, bit for bit (checked at `smoke` and
+#    `cpu`): multiplying by 65536 and dividing again is exact, and bf16, with fp32's range, never
+#    overflows here, so no step is skipped.
+# 3. **Start the scale too high.** On the fp16 path (a GPU, or a CPU with
+#    `AMP_TUTORIAL_DTYPE=float16`), pass `init_scale=2.0**30` to the `GradScaler` in section 2. Each
+#    step that overflows is skipped and halves the scale, so the fp16 loss curve starts flat until
+#    the scale is back near 2^16. Measured on a CPU: the first 15 of 67 steps at `cpu`; at `smoke`
+#    all 14, so section 3's check stops with "AMP fp16: the loss did not go down".
+
+# %% [markdown]
 # ## What to remember
 #
 # - AMP training is three changes: autocast around forward + loss, a GradScaler for fp16, and

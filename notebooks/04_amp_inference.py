@@ -196,6 +196,21 @@ for name in runs:
     print(f"{name} inference on {info.name}, preset {preset.name}: {how}")
 
 # %% [markdown]
+# ## Try it
+#
+# Each exercise changes one thing in a cell above. Predict the outcome, then re-run from that cell.
+#
+# 1. **Two 16-bit formats side by side.** In "fp32 vs autocast inference", replace
+#    `info.amp_dtypes` with `(torch.bfloat16, torch.float16)`. Both rows halve the layer outputs,
+#    and fp16's `max |prediction - fp32|` is several times smaller than bf16's. On a CPU: 0.00031
+#    against 0.0023 at `smoke`, 0.0082 against 0.053 at `cpu`. fp16 keeps 11 significant bits to
+#    bf16's 8, and these activations are far from fp16's largest value.
+# 2. **Switch autocast off.** In `make_infer_amp`, pass `enabled=False` to `torch.autocast`. The AMP
+#    row's output dtype is now `torch.float32`, its layer outputs equal fp32's, its difference from
+#    fp32 is exactly 0, and the check cell stops at "autocast output should be in the lower
+#    precision": the checks catch an AMP path that does nothing.
+
+# %% [markdown]
 #
 # ## What to remember
 #

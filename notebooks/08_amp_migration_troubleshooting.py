@@ -333,6 +333,21 @@ print(f"activations {ratio['saved activations']:.2f}x, total {ratio['total']:.2f
 memory.round(3).rename(columns=lambda c: f"{c} (MB)")
 
 # %% [markdown]
+# ## Try it
+#
+# Each exercise changes one thing in a cell above. Predict the outcome, then re-run from that cell.
+#
+# 1. **Smaller raw units.** In "The loss is inf or NaN", change `inputs * 1e5` to `inputs * 1e4`.
+#    Now the three steps run (`stopped: None`, so that cell's assert fails) and the next cell finds
+#    no non-finite module (`None`): coordinates up to 10^4 fit under fp16's largest value, 65504,
+#    and so do the first convolution's outputs (checked on a CPU, at `smoke` and `cpu`).
+# 2. **Another optimizer.** In `memory_breakdown`, replace Adam with
+#    `torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)`. The optimizer-state row (still
+#    labelled "Adam state") halves to the size of the weights, one momentum buffer per weight
+#    instead of Adam's two averages, and its AMP/fp32 ratio stays 1: AMP leaves the optimizer's
+#    state in fp32, whichever optimizer it is.
+
+# %% [markdown]
 # ## What to remember
 #
 # - Replace `torch.cuda.amp.*` and Apex, and never hard-code `"cuda"`: without CUDA,

@@ -208,7 +208,26 @@ fig.tight_layout()
 # NaN" section finds the first module that produced it); typical causes are unnormalised inputs,
 # a large logit exponentiated in float16, or a division by a tiny number. Checking
 # `torch.isfinite(loss)` each step catches it on the first step instead of the hundredth.
+
+# %% [markdown]
+# ## Try it
 #
+# Each exercise changes one thing in a cell above. Predict the outcome, then re-run from that cell.
+# The numbers were measured on a CPU; a GPU's fp16 follows the same rules with its own gradients.
+#
+# 1. **Start higher.** In `train_with_scheduler`, pass `init_scale=2.0**20` to the `GradScaler`.
+#    The first steps now overflow by themselves ("natural overflow" True), each is skipped and
+#    halves the scale: 4 of 8 at `smoke` (down to 65536), 5 at `cpu` (down to 32768). In the fixed
+#    run the learning rate stays 0.001 through the first step that really ran.
+# 2. **Grow sooner.** Pass `growth_interval=2` there instead. After two good steps the scale
+#    doubles: back to 65536 at step 3, then 131072 at step 5, which overflows, is skipped and halves
+#    again (2 of 8 skipped, at `smoke` and `cpu`). A real run tries this doubling after every
+#    2000 good steps (the default `growth_interval`).
+# 3. **Inputs in range.** In section 2, change `small_inputs * 1e5` to `small_inputs * 1e4`. All 30
+#    losses are finite and the scale holds (65536 at `smoke`, 32768 at `cpu` after one early skip),
+#    so the cell's asserts fail: without an inf in the forward pass, nothing collapses.
+
+# %% [markdown]
 # ## What to remember
 #
 # - The first float16 steps are often skipped while the scale finds its level; a scheduler

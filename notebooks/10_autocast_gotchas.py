@@ -246,7 +246,24 @@ assert update_norm(before, params) > 0  # the step was taken
 # default start), and it changes as the scale changes. If a scaled gradient overflowed, the
 # penalty is inf, the total loss's gradients are inf too, and `scaler.step` skips the step as
 # usual.
+
+# %% [markdown]
+# ## Try it
 #
+# Each exercise changes one thing in a cell above. Predict the outcome, then re-run from that cell.
+#
+# 1. **Out of place.** In section 1, replace `a.clone().addmm_(a, b)` with `a.clone().addmm(a, b)`.
+#    That row's "autocast on" column now shows the low dtype, "same values" is False, and the
+#    in-place assert fails: out-of-place `addmm`, like `mm`, is on autocast's lower-precision list.
+# 2. **Autocast in the thread.** In section 3, wrap the body of `in_a_thread` in
+#    `with torch.autocast(info.type, dtype=outer):`. The new thread now reports autocast on and
+#    `mm` in `outer` (float16 on a CPU in bf16 mode, bfloat16 in fp16 mode), so the assert fails:
+#    entering autocast inside the thread is the fix.
+# 3. **Forget to unscale.** In section 4, replace `g * inv_scale` with `g`. The recipe's penalty
+#    becomes about 1024 times fp32's, the cell's `init_scale=2.0**10` (2505.8 against 2.4418 at
+#    `smoke` on a CPU), and the first assert fails.
+
+# %% [markdown]
 # ## What to remember
 #
 # - Autocast leaves in-place ops, `out=` calls and explicit `dtype=` alone.

@@ -131,7 +131,22 @@ print(f"checkpoint: step {extra['step']}, written by rank 0 of {extra['world_siz
 # (on ROCm count with `rocm-smi`, or set the number yourself). Each process then uses
 # `cuda:LOCAL_RANK`, NCCL/RCCL, fp16 autocast with its own GradScaler, and SyncBatchNorm. On
 # Intel GPUs (`--device xpu`) it uses XCCL and the device's first AMP dtype (bf16 where native).
+
+# %% [markdown]
+# ## Try it
 #
+# Each exercise changes one thing in the cell that builds `command`. Predict the outcome, then
+# re-run from that cell.
+#
+# 1. **fp16, one GradScaler per process.** On a CPU, where the run above used bf16, add
+#    `"--dtype", "fp16",` to `command`. The log says `autocast fp16, GradScaler on`, every epoch
+#    line ends with `scale 32768` (one early step overflowed at 65536 and was skipped, by both
+#    processes at once), and the two parameter hashes still match.
+# 2. **Three processes.** Change `"--nproc-per-node", "2"` to `"3"`. Each process now takes 2 rows
+#    per step, for 2 epochs of 6 steps; the three hashes match, and the next cell stops at its
+#    `world_size == 2` check: DDP keeps any number of copies identical.
+
+# %% [markdown]
 # ## What to remember
 #
 # - DDP + AMP: autocast around the forward and loss of the wrapped model, a GradScaler per

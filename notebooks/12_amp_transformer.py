@@ -325,6 +325,22 @@ for name, fn in {"softmax": lambda t: t.softmax(-1),
     assert err <= 2 * 2**-8, f"bf16 {name} is worse than bf16 rounding"
 
 # %% [markdown]
+# ## Try it
+#
+# Each exercise changes one thing in a cell above. Predict the outcome, then re-run from that cell.
+#
+# 1. **A low-precision residual stream.** In section 2, put the right-hand side of `x = ...` in
+#    parentheses and add `.to(amp_dtype)`. On a CPU the `native_layer_norm` rows now take and give
+#    the low dtype (bf16, or fp16 in fp16 mode), so the `norms` assert fails: layer norm is on no
+#    CPU autocast list. On CUDA they would still read fp32: there `layer_norm` is on the fp32 list
+#    (the probe after the trace).
+# 2. **fp16's range, not its precision.** In the last cell, cast `wide` with `.half()` instead of
+#    `.bfloat16()`. fp16 has three more significant bits, yet softmax's largest relative error grows
+#    about 8x, to about 3e-2 (the message still says bf16), and the assert fails: probabilities
+#    below fp16's smallest normal number, 6.1e-5, are subnormal, 6e-8 apart, so one near 1e-6 keeps
+#    only a few bits. bf16 has float32's range and keeps its 8 bits there.
+
+# %% [markdown]
 # ## What to remember
 #
 # - Autocast lowers the matmuls (linear, attention); a pre-norm transformer keeps its residual

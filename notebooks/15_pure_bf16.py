@@ -216,6 +216,18 @@ assert max_diff < 0.1
 inference.round(3)
 
 # %% [markdown]
+# ## Try it
+#
+# Each exercise changes one thing in a cell above. Predict the outcome, then re-run from that cell.
+#
+# 1. **An update that survives.** In section 1's first cell, change the loop's `1e-3` to `3e-3`.
+#    bf16 now gives 0.996094, which is 1 - 2^-8: just below 1.0 bf16's numbers are 2^-8 = 0.0039
+#    apart, and 0.003 is more than half that gap, so the result rounds down, not back to 1.0.
+# 2. **A larger learning rate.** In the cell that takes one pure-bf16 step, set Adam's `lr=1e-2`.
+#    No update is lost (0.0%, at `smoke` and `cpu`; the message still says 1e-3), the BatchNorm
+#    weights move, and the assert fails: a step of about 0.01 is more than half the 0.0039 gap.
+
+# %% [markdown]
 # ## What to remember
 #
 # - `model.to(torch.bfloat16)` is not AMP: updates smaller than half a bf16 step vanish, and the

@@ -201,7 +201,23 @@ else:
 # FP8 pays when the matmuls are large enough that the faster FP8 tensor cores win back the time
 # spent finding scales and casting; small layers get slower. It also needs the same care as fp16
 # had before bf16: a scale per tensor, and e5m2's range for gradients.
+
+# %% [markdown]
+# ## Try it
 #
+# Each exercise changes one thing in section 1, which runs on the CPU on every machine. Predict the
+# outcome, then re-run from that cell.
+#
+# 1. **Smaller gradients.** Make `grads = torch.randn(4096) * 1e-6`. Without a scale every value now
+#    becomes zero in both formats (zeros and error 1.0); the scale is 1000 times larger and the
+#    scaled errors are as before (0.0274 and 0.0524): a per-tensor scale makes the error independent
+#    of the tensor's magnitude.
+# 2. **Overshoot the range.** Double the scale (`scale = 2 * torch.finfo(dtype).max / ...`). The
+#    cell stops at its assert: in e5m2 the largest values overflow to inf, so its error is inf.
+#    e4m3fn has no infinity; values past 448 come back as 448 here (torch 2.14), and its error grows
+#    about 4x, 0.027 to 0.116 (print `rows`). That is why the scale aims at the largest value.
+
+# %% [markdown]
 # ## What to remember
 #
 # - FP8 needs a scale per tensor, hardware with FP8 matmuls (NVIDIA cc >= 8.9, AMD MI300+) and a

@@ -245,6 +245,20 @@ if info.type == "cpu" and hasattr(torch.backends.mkldnn, "matmul"):
     assert set(onednn.values()) <= {"none", "ieee"}
 
 # %% [markdown]
+# ## Try it
+#
+# Each exercise changes one thing in a cell above. Predict the outcome, then re-run from that cell.
+#
+# 1. **Adam's foreach path on a CPU.** In `profile_step`, pass `foreach=True` to Adam. The update
+#    table gains `_foreach_lerp_`, `_foreach_addcmul_` and `_foreach_addcdiv_`, one call each and no
+#    dtypes, as on CUDA. The per-weight `lerp_`, `addcmul_` and `addcdiv_` with fp32 inputs stay
+#    (10 calls each for the ConvModel at `smoke`): on a CPU the foreach ops loop over those.
+# 2. **fp16 instead of bf16.** In section 2's `saved_mb`, replace `dtype=LOW` with
+#    `dtype=torch.float16`. On a CPU both models save exactly the same bytes as before (ratios 0.516
+#    and 0.573 at `smoke`; the column keeps its bf16 label): both formats take 2 bytes, and CPU
+#    autocast applies the same lists to both.
+
+# %% [markdown]
 # ## What to remember
 #
 # - `torch.profiler(record_shapes=True)` shows each op's input dtypes: check that the matmuls ran
