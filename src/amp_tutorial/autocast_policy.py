@@ -225,7 +225,7 @@ SOURCE_POLICY["xpu"] = dict(SOURCE_POLICY["cuda"])
 
 
 @contextmanager
-def _autocast_flags(device_type: str, low: torch.dtype, enabled: bool = True) -> Iterator[None]:
+def autocast_flags(device_type: str, low: torch.dtype, enabled: bool = True) -> Iterator[None]:
     """Set a device's autocast switch and dtype as ``torch.autocast`` does, then restore them.
 
     For a device that is not here: ``torch.autocast("cuda")`` turns itself off without CUDA.
@@ -244,7 +244,7 @@ def _autocast_flags(device_type: str, low: torch.dtype, enabled: bool = True) ->
 
 
 @contextmanager
-def _fake_tensors() -> Iterator[FakeTensorMode]:
+def fake_tensors() -> Iterator[FakeTensorMode]:
     """``FakeTensorMode``, without the error log it writes for every call that raises inside it."""
     log = logging.getLogger("torch._subclasses.fake_tensor")
     level = log.level
@@ -259,7 +259,7 @@ def _fake_tensors() -> Iterator[FakeTensorMode]:
 def _call(fn: Callable[[], torch.Tensor], device_type: str, low: torch.dtype,
           enabled: bool, fake: bool) -> Outcome:
     watch = _CastWatch()  # sees each op before FakeTensorMode, which stays at the stack's bottom
-    switch = (_autocast_flags(device_type, low, enabled) if fake
+    switch = (autocast_flags(device_type, low, enabled) if fake
               else torch.autocast(device_type, dtype=low, enabled=enabled))
     try:
         with switch, watch:
@@ -301,7 +301,7 @@ def autocast_policy(device_type: str, low: torch.dtype, n: int = 8,
     gen = torch.Generator().manual_seed(0)
     device = torch.device(device_type)
     rows = []
-    with _fake_tensors() if fake else nullcontext():
+    with fake_tensors() if fake else nullcontext():
         for name, op in _ops(n).items():
             if fake:  # no data, only dtypes and devices (.to("mps") fails on a fake MPS tensor)
                 base = [torch.empty(n, n, device=device) for _ in range(op.n_inputs)]
@@ -533,8 +533,8 @@ def saved_activation_bytes_on(
         raise RuntimeError(f"autograd cannot run on fake {device_type} tensors in this torch "
                            f"build ({reason}); count on a {device_type} machine instead")
     device = torch.device(device_type)
-    with _fake_tensors(), device:
+    with fake_tensors(), device:
         model = build_model()
         inputs, targets = make_batch(device)
-        with _autocast_flags(device_type, low) if low is not None else nullcontext():
+        with autocast_flags(device_type, low) if low is not None else nullcontext():
             return saved_activation_bytes(lambda: loss_fn(model(inputs), targets))

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from amp_tutorial.autocast_policy import _autocast_flags, _fake_tensors
+from amp_tutorial.autocast_policy import autocast_flags, fake_tensors
 from amp_tutorial.exercises import contrastive_loss as exercise
 from amp_tutorial.exercises.contrastive_loss import check_contrastive_loss
 from tests.support import SOLUTIONS
@@ -312,13 +312,13 @@ def test_cpu_autocast_lowers_matmuls_and_keeps_exp_log_sum(dtype: torch.dtype) -
 
 
 def test_cuda_autocast_lowers_matmuls_too_on_fake_tensors() -> None:
-    with _fake_tensors():
+    with fake_tensors():
         a = torch.empty(8, 8, device="cuda")
-        with _autocast_flags("cuda", torch.float16):
+        with autocast_flags("cuda", torch.float16):
             assert {name: f(a).dtype for name, f in LOWERED.items()} == dict.fromkeys(
                 LOWERED, torch.float16)
             assert torch.exp(a).dtype == torch.float32 and a.sum().dtype == torch.float32
-        with _autocast_flags("cuda", torch.float16, enabled=False):
+        with autocast_flags("cuda", torch.float16, enabled=False):
             low = a.half()
             assert (low @ low.T).dtype == torch.float16
 

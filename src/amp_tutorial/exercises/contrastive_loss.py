@@ -29,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from amp_tutorial.autocast_policy import _autocast_flags, _fake_tensors
+from amp_tutorial.autocast_policy import autocast_flags, fake_tensors
 from amp_tutorial.exercises.checking import (
     RAISED,
     TIMED_OUT,
@@ -483,10 +483,10 @@ def _run_simulated(fn: LossFn, call: Callable[..., Attempt] = attempt
     watch = _Watch(SIMULATED_DEVICE_TYPE)
     case = CASES[0]
     try:
-        with _fake_tensors():
+        with fake_tensors():
             queries, keys = (torch.empty(N_PAIRS, DIM, dtype=torch.float16,
                                          device=SIMULATED_DEVICE_TYPE) for _ in range(2))
-            with _autocast_flags(SIMULATED_DEVICE_TYPE, torch.float16), watch.installed(), \
+            with autocast_flags(SIMULATED_DEVICE_TYPE, torch.float16), watch.installed(), \
                     warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 run = call(fn, queries, keys, case.temperature)
