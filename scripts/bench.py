@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -31,6 +32,7 @@ from amp_tutorial.device import (
     select_device,
     set_strict_fp32,
 )
+from amp_tutorial.host_memory import MALLOC_ENV, keep_freed_memory
 from amp_tutorial.measure import (
     Timing,
     fresh_compile_cache,
@@ -279,15 +281,16 @@ def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
     """
     if model == "transformer":
         t = preset.transformer
-        header = (f"device: {info}\npreset: {preset.name}; model: transformer ({t.n_layers} "
-                  f"layers, width {t.d_model}, {t.n_heads} heads, seq {t.seq_len}, batch "
-                  f"{t.batch}, {t.steps} training steps, {max(2, t.steps // 4)} inference steps, "
-                  f"{t.warmup} warm-up); task: reverse {t.seq_len // 2} of {t.n_symbols} symbols")
+        header = (f"preset: {preset.name}; model: transformer ({t.n_layers} layers, width "
+                  f"{t.d_model}, {t.n_heads} heads, seq {t.seq_len}, batch {t.batch}, {t.steps} "
+                  f"training steps, {max(2, t.steps // 4)} inference steps, {t.warmup} warm-up); "
+                  f"task: reverse {t.seq_len // 2} of {t.n_symbols} symbols")
     else:
-        header = (f"device: {info}\npreset: {preset.name} (grid {preset.grid}, hidden "
-                  f"{preset.hidden}, {preset.n_hidden_layers} hidden layers, {preset.steps} "
-                  f"training steps, {preset.inference_steps} inference steps, {preset.warmup} "
-                  f"warm-up); memory format: {memory_format}")
+        header = (f"preset: {preset.name} (grid {preset.grid}, hidden {preset.hidden}, "
+                  f"{preset.n_hidden_layers} hidden layers, {preset.steps} training steps, "
+                  f"{preset.inference_steps} inference steps, {preset.warmup} warm-up); memory "
+                  f"format: {memory_format}")
+    header = f"device: {info}\n{keep_freed_memory()}\n{header}"
     with_accuracy = any(r.final_accuracy is not None for r in results)
     time_table = _table(
         ["mode", "scaler", "train ms/step", "IQR", "speedup", "infer ms/step", "IQR", "speedup",
@@ -325,8 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     """The ``pdm run bench`` command: parse the options, run every mode, print or write JSON.
     """
     parser = argparse.ArgumentParser(prog="pdm run bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", help="paper, cpu, smoke or auto (default: $AMP_TUTORIAL_PRESET "
-                        "or auto)")
+    parser.add_argument("--preset", help="paper, cpu, small, smoke or auto (default: "
+                        "$AMP_TUTORIAL_PRESET or auto)")
     parser.add_argument("--device", help="cuda, cuda:N, mps, xpu or cpu (default: "
                         "$AMP_TUTORIAL_DEVICE or the best available)")
     parser.add_argument("--strict-fp32", action="store_true",
@@ -343,8 +346,13 @@ def main(argv: list[str] | None = None) -> int:
                         "compile time apart from the step time")
     parser.add_argument("--json", nargs="?", const="-", metavar="PATH",
                         help="write the results as JSON to PATH (or stdout with no PATH)")
+    parser.add_argument("--system-malloc", action="store_true",
+                        help="leave glibc's malloc as it is: freed buffers go back to the OS and "
+                        "every step page-faults them in again (amp_tutorial.host_memory)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     args = parser.parse_args(argv)
+    if args.system_malloc:
+        os.environ[MALLOC_ENV] = "system"  # read once, by select_device's keep_freed_memory()
     if args.compile and args.model != "conv":
         parser.error("--compile runs the conv model only; the compile lesson compiles the "
                      "transformer")
@@ -365,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": str(info.device), "backend": info.backend, "device_name": info.name,
         "torch": torch.__version__, "preset": asdict(preset), "baseline": results[0].mode,
         "model": args.model, "memory_format": args.memory_format, "compile": args.compile,
+        "host_memory": keep_freed_memory(),
         "results": [asdict(r) for r in results],
     }
     if args.json == "-":

@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="train_ddp.py", description=__doc__.splitlines()[0],
         epilog="Launch N processes with: torchrun --standalone --nproc-per-node N "
                "scripts/train_ddp.py [options]")
-    parser.add_argument("--preset", help="paper, cpu, smoke or auto (default: "
+    parser.add_argument("--preset", help="paper, cpu, small, smoke or auto (default: "
                         "$AMP_TUTORIAL_PRESET or auto)")
     parser.add_argument("--device", help="cuda, xpu or cpu (default: $AMP_TUTORIAL_DEVICE or the "
                         "best available); each process uses <type>:LOCAL_RANK")

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from amp_tutorial.host_memory import keep_freed_memory
+
 DEVICE_ENV = "AMP_TUTORIAL_DEVICE"
 DTYPE_ENV = "AMP_TUTORIAL_DTYPE"
 DTYPE_CHOICES = {"auto": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -82,13 +84,14 @@ def _cpu_name() -> str:
 # CPU flags (Linux /proc/cpuinfo) of instructions that compute on bf16: x86 AVX512-BF16 and AMX,
 # Arm's BF16 extension ("bf16" in the Features line).
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+CPUINFO = "/proc/cpuinfo"  # where Linux lists the CPU's flags (tests point it at other CPUs')
 
 
-def cpu_bf16_flags(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, ...] | None:
+def cpu_bf16_flags(cpuinfo: str | None = None) -> tuple[str, ...] | None:
     """The bf16 instruction flags this CPU reports, or None where there is no cpuinfo to read.
     """
     try:
-        with open(cpuinfo, encoding="utf-8") as fh:
+        with open(cpuinfo or CPUINFO, encoding="utf-8") as fh:
             for line in fh:
                 key, _, value = line.partition(":")
                 if key.strip().lower() in ("flags", "features"):
@@ -118,19 +121,22 @@ def onednn_bf16() -> bool | None:
 
 def _cpu_bf16_note(flags: tuple[str, ...] | None) -> str:
     capability = torch.backends.cpu.get_cpu_capability()
+    small = ("; so the `auto` preset is `small` here, sized for slow bf16 runs; on a CPU with "
+             "native bf16 it is `cpu`, larger, where bf16 trains about twice as fast as fp32")
     if flags is None:
         return (f"native bf16 on this CPU: unknown (no /proc/cpuinfo; torch CPU kernels: "
-                f"{capability})")
+                f"{capability}){small}")
     if flags:
-        return f"native bf16 on this CPU: yes ({', '.join(flags)}; torch CPU kernels: {capability})"
+        return (f"native bf16 on this CPU: yes ({', '.join(flags)}; torch CPU kernels: "
+                f"{capability}), so the `auto` preset is `cpu`")
     text = (f"native bf16 on this CPU: no (none of the flags {', '.join(CPU_BF16_FLAGS)}; torch "
             f"CPU kernels: {capability})")
     if onednn_bf16() is False:
         return (f"{text}; oneDNN bf16 kernels: no, so bf16 matmuls fall back to ATen's reference "
                 f"gemm (up to tens of times slower than fp32, by operand layout): bf16 autocast is "
-                f"slower than fp32 here, whatever the problem size")
+                f"slower than fp32 here, whatever the problem size{small}")
     return (f"{text}: without bf16 instructions every bf16 value is converted to fp32 for the "
-            f"arithmetic and back, so bf16 autocast can be slower than fp32 here")
+            f"arithmetic and back, so bf16 autocast can be slower than fp32 here{small}")
 
 
 # AMD GPU architectures with bf16 matrix instructions: MFMA on CDNA (gfx908 MI100, gfx90a MI200,
@@ -327,6 +333,7 @@ def select_device(requested: str | None = None) -> DeviceInfo:
     dtypes = _put_first(_supported_amp_dtypes(device), device, wanted)
     if wanted is not None:
         notes = (*notes, f"{DTYPE_ENV}={dtype_name(wanted)} puts {dtype_name(wanted)} first")
+    notes = (*notes, keep_freed_memory())
     return DeviceInfo(device=device, backend=backend, name=name, amp_dtypes=dtypes,
                       native_bf16=native_bf16, notes=notes)
 

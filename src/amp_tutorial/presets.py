@@ -1,9 +1,10 @@
 """Problem-size presets, so every lesson runs in sensible time on a GPU, a laptop CPU and in CI.
 
-``paper`` reproduces the sizes of the original ROCm blog; ``cpu`` is the laptop size; ``smoke`` is
-the tiny size the test suite uses. Each preset also sizes the course's transformer
-(:class:`TransformerSizes`). ``auto`` picks ``paper`` on a GPU and ``cpu`` elsewhere.
-Set ``AMP_TUTORIAL_PRESET`` to override.
+``paper`` reproduces the sizes of the original ROCm blog, for a GPU; ``cpu`` is for a CPU that
+computes bf16 natively, ``small`` for one that emulates it (there a bf16 matmul runs many times
+slower than fp32, so the sizes are smaller); ``smoke`` is the tiny size the test suite uses. Each
+preset also sizes the course's transformer (:class:`TransformerSizes`). ``auto`` picks by what the
+machine can do (:func:`auto_preset`); set ``AMP_TUTORIAL_PRESET`` to choose any preset by name.
 """
 
 from __future__ import annotations
@@ -62,18 +63,25 @@ PRESETS: dict[str, Preset] = {
                                             lr=1e-3, accuracy_target=0.95)),
         Preset("cpu", grid=256, hidden=128, n_hidden_layers=2, steps=64, warmup=3,
                inference_steps=32,
-               description="a laptop CPU: 20-30 s per fp32 training run on 2 cores; bf16 several "
-                           "times longer on a CPU without native bf16 (AVX2 only); the "
-                           "transformer is sized so that such a CPU trains it in a few minutes",
-               # Sized for a CPU that emulates bf16 (AVX2, no avx512_bf16/AMX): there PyTorch's bf16
-               # matmul skips oneDNN and falls back to ATen's reference gemm, 1.5-35x slower than
-               # fp32 depending on the operands' layout, so the bf16 run sets the lesson's time.
-               # `bench --model transformer --preset cpu` on a 2-core AVX2 EPYC (Zen 3), shared:
-               # 18 ms (fp32) and 175 ms (bf16) per step, 56 s in all; both runs reach 1.0 held-out
-               # accuracy (they pass 0.9 between steps 50 and 100). The old size (d_model 256,
-               # 4 layers, seq 256) took about 5 s (fp32) and 90 s (bf16) per step on that CPU; it
-               # is the size where bf16 was 2.5x faster on an avx512_bf16 EPYC (GUIDE.md). At this
-               # size bf16 is not expected to beat fp32 even with native bf16 (not measured).
+               description="a CPU with native bf16 (avx512_bf16, AMX, Arm BF16): sized so that "
+                           "bf16 beats fp32 and every lesson takes a few minutes on 2 cores",
+               # `bench --preset cpu` on a 2-core AMD EPYC Zen 4 (avx512_bf16, no AMX), freed host
+               # memory kept (host_memory.py): ConvModel 132 -> 64 ms per training step (2.1x), 2.3x
+               # for inference; this transformer 506 -> 265 ms (1.9x), both runs at 1.0 held-out
+               # accuracy. A bf16 matmul peaks at twice fp32's rate there (VDPBF16PS does two
+               # multiply-adds per fp32 lane); AMX (Xeon since Sapphire Rapids) goes further.
+               transformer=TransformerSizes(d_model=512, n_layers=2, n_heads=4, seq_len=32,
+                                            batch=64, n_symbols=16, steps=40, warmup=3,
+                                            lr=1e-3, accuracy_target=0.9)),
+        Preset("small", grid=128, hidden=64, n_hidden_layers=2, steps=64, warmup=3,
+               inference_steps=32,
+               description="a CPU that emulates bf16 (AVX2, no avx512_bf16/AMX): every teaching "
+                           "point at sizes where the slow bf16 runs still finish in seconds",
+               # Sized from a 2-core AMD EPYC Zen 3 (AVX2 only; GUIDE.md): there PyTorch's bf16
+               # matmul skips oneDNN and falls back to ATen's reference gemm (about 0.7 GFLOP/s
+               # against fp32's 20), so bf16 trained the ConvModel at 0.16x fp32's speed at grid
+               # 256, hidden 128, and this transformer at 175 ms per step. A quarter of the pixels
+               # and half the channels cut a ConvModel step about eightfold.
                transformer=TransformerSizes(d_model=64, n_layers=2, n_heads=4, seq_len=64,
                                             batch=16, n_symbols=16, steps=150, warmup=3,
                                             lr=3e-3, accuracy_target=0.9)),
@@ -87,18 +95,30 @@ PRESETS: dict[str, Preset] = {
 VALID_NAMES = ("auto", *PRESETS)
 
 
+def auto_preset(device_type: str, cpu_native_bf16: bool | None) -> str:
+    """The preset ``auto`` stands for: ``paper`` on a CUDA/ROCm or XPU GPU, ``cpu`` on Apple's
+    MPS and on a CPU with native bf16, ``small`` on a CPU without it or whose flags are unknown.
+    """
+    if device_type in ("cuda", "xpu"):
+        return "paper"
+    if device_type == "mps" or cpu_native_bf16:
+        return "cpu"
+    return "small"
+
+
 def get_preset(name: str | None = None, device_type: str | None = None) -> Preset:
     """Return the preset called ``name`` (or ``$AMP_TUTORIAL_PRESET``, or ``auto``).
 
-    ``auto`` resolves to ``paper`` on cuda/xpu and ``cpu`` on cpu/mps.
+    ``auto`` resolves with :func:`auto_preset`; on a CPU it reads the CPU's bf16 flags.
     """
     chosen = (name or os.environ.get(PRESET_ENV) or "auto").strip().lower()
     if chosen == "auto":
-        if device_type is None:
-            from amp_tutorial.device import select_device
+        from amp_tutorial.device import cpu_bf16_flags, select_device
 
+        if device_type is None:
             device_type = select_device().type
-        chosen = "paper" if device_type in ("cuda", "xpu") else "cpu"
+        flags = cpu_bf16_flags() if device_type == "cpu" else None
+        chosen = auto_preset(device_type, None if flags is None else bool(flags))
     if chosen not in PRESETS:
         source = "argument" if name else f"${PRESET_ENV}"
         raise UnknownPresetError(

@@ -51,7 +51,7 @@ def test_json_to_stdout(capsys):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--preset", "huge"], "valid names: auto, paper, cpu, smoke"),
+    (["--preset", "huge"], "valid names: auto, paper, cpu, small, smoke"),
     (["--device", "tpu"], "is not a device name"),
     (["--memory-format", "nhwc"], "invalid choice"),
 ])

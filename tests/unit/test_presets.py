@@ -1,8 +1,31 @@
-"""Presets: the seed's sizes, auto selection by device, and a helpful error for a typo."""
+"""Presets: the seed's sizes, auto selection by what the machine can do, and a helpful error."""
 
 import pytest
 
+from amp_tutorial import device
 from amp_tutorial.presets import PRESET_ENV, PRESETS, UnknownPresetError, get_preset
+
+# /proc/cpuinfo lines of the CPU kinds `auto` tells apart
+CPUINFO = {
+    "xeon_amx": "flags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_bf16 amx_tile amx_bf16\n",
+    "epyc_zen4": "flags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_bf16 avx512_vnni\n",
+    "epyc_zen3_avx2": "flags\t\t: fpu sse2 avx2 fma f16c\n",
+    "arm_bf16": "Features\t: fp asimd sve bf16 i8mm\n",
+    "arm_no_bf16": "Features\t: fp asimd crc32\n",
+}
+
+
+@pytest.fixture
+def cpu_kind(tmp_path, monkeypatch):
+    """Point the course at another CPU's /proc/cpuinfo (None: a machine without one)."""
+    monkeypatch.delenv(PRESET_ENV, raising=False)
+
+    def use(kind: str | None) -> None:
+        path = tmp_path / "cpuinfo"
+        if kind is not None:
+            path.write_text(f"processor\t: 0\n{CPUINFO[kind]}")
+        monkeypatch.setattr(device, "CPUINFO", str(path))
+    return use
 
 
 def test_paper_preset_matches_the_seed():
@@ -11,17 +34,39 @@ def test_paper_preset_matches_the_seed():
 
 
 def test_presets_shrink_from_paper_to_smoke():
-    paper, cpu, smoke = PRESETS["paper"], PRESETS["cpu"], PRESETS["smoke"]
-    assert paper.grid > cpu.grid > smoke.grid
-    assert paper.steps > cpu.steps > smoke.steps
+    paper, cpu, small, smoke = (PRESETS[n] for n in ("paper", "cpu", "small", "smoke"))
+    assert paper.grid > cpu.grid > small.grid > smoke.grid
+    assert paper.hidden > cpu.hidden > small.hidden > smoke.hidden
+    assert paper.steps > cpu.steps >= small.steps > smoke.steps
 
 
-@pytest.mark.parametrize(("device_type", "expected"),
-                         [("cuda", "paper"), ("xpu", "paper"), ("cpu", "cpu"), ("mps", "cpu")])
-def test_auto_picks_by_device(monkeypatch, device_type, expected):
-    monkeypatch.delenv(PRESET_ENV, raising=False)
+@pytest.mark.parametrize(("device_type", "kind", "expected"), [
+    ("cuda", "epyc_zen3_avx2", "paper"),  # a GPU: whatever the host CPU
+    ("xpu", "epyc_zen3_avx2", "paper"),
+    ("mps", "arm_no_bf16", "cpu"),
+    ("cpu", "xeon_amx", "cpu"),
+    ("cpu", "epyc_zen4", "cpu"),
+    ("cpu", "arm_bf16", "cpu"),
+    ("cpu", "epyc_zen3_avx2", "small"),  # bf16 emulated: the smaller sizes
+    ("cpu", "arm_no_bf16", "small"),
+    ("cpu", None, "small"),  # no /proc/cpuinfo (macOS, Windows): not known to be native
+])
+def test_auto_picks_by_what_the_machine_can_do(cpu_kind, device_type, kind, expected):
+    cpu_kind(kind)
     assert get_preset("auto", device_type).name == expected
     assert get_preset(None, device_type).name == expected
+
+
+@pytest.mark.parametrize(("kind", "says"), [
+    ("epyc_zen4", "so the `auto` preset is `cpu`"),
+    ("epyc_zen3_avx2", "so the `auto` preset is `small` here"),
+    (None, "so the `auto` preset is `small` here"),
+])
+def test_the_device_line_says_which_preset_auto_picks_and_why(cpu_kind, kind, says):
+    cpu_kind(kind)
+    text = device.describe_device(device.select_device("cpu"))
+    assert says in text
+    assert ("on a CPU with native bf16 it is `cpu`" in text) is (kind != "epyc_zen4")
 
 
 def test_environment_overrides_auto(monkeypatch):
@@ -32,16 +77,18 @@ def test_environment_overrides_auto(monkeypatch):
 
 def test_unknown_name_lists_the_valid_ones(monkeypatch):
     monkeypatch.setenv(PRESET_ENV, "huge")
-    expected = r"'huge'.*AMP_TUTORIAL_PRESET.*auto, paper, cpu, smoke"
+    expected = r"'huge'.*AMP_TUTORIAL_PRESET.*auto, paper, cpu, small, smoke"
     with pytest.raises(UnknownPresetError, match=expected):
         get_preset()
 
 
 def test_transformer_sizes_shrink_from_paper_to_smoke():
-    paper, cpu, smoke = (PRESETS[n].transformer for n in ("paper", "cpu", "smoke"))
-    for field in ("d_model", "seq_len"):
-        assert getattr(paper, field) > getattr(cpu, field) >= getattr(smoke, field), field
-    assert paper.steps > cpu.steps > smoke.steps
+    paper, cpu, small, smoke = (PRESETS[n].transformer for n in ("paper", "cpu", "small", "smoke"))
+    assert paper.d_model >= cpu.d_model > small.d_model >= smoke.d_model
+    assert paper.seq_len > max(cpu.seq_len, small.seq_len) >= smoke.seq_len
+    # tokens x width^2 per step, the matmuls' work: the bf16-native size does the most on a CPU
+    work = [t.batch * t.seq_len * t.d_model**2 for t in (paper, cpu, small, smoke)]
+    assert work == sorted(work, reverse=True) and len(set(work)) == 4
 
 
 @pytest.mark.parametrize("name", list(PRESETS))

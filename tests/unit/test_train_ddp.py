@@ -84,7 +84,7 @@ def test_process_group_is_destroyed_on_error(tmp_path: Path,
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--preset", "huge"], "valid names: auto, paper, cpu, smoke"),
+    (["--preset", "huge"], "valid names: auto, paper, cpu, small, smoke"),
     ([*SMOKE, "--epochs", "0"], "--epochs must be at least 1"),
     ([*SMOKE, "--dtype", "int8"], "invalid choice"),
     (["--device", "nodevice"], "not a device name"),
