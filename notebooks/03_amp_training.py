@@ -28,7 +28,8 @@
 # fit than a smooth wave. The network sees the whole image in every step.
 #
 # Sizes come from a **preset**: `paper` (the blog's 512x512 grid, 256 channels, 512 steps) on a
-# GPU, `cpu` on a laptop, `smoke` in the test suite. Set `AMP_TUTORIAL_PRESET` to choose.
+# GPU, `cpu` on a CPU with native bf16, `small` on one that emulates it, `smoke` in the test
+# suite. Set `AMP_TUTORIAL_PRESET` to choose.
 # Seeds are fixed, so every run starts from the same weights.
 
 # %%
