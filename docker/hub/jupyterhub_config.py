@@ -7,6 +7,8 @@ every setting comes from that file's environment:
   AMP_TUTORIAL_VARIANT   rocm, cuda or cpu: which course image learners get, and the GPU vendor
   AMP_HUB_IMAGE          that image (amp-tutorial:<variant>, built by the same compose file)
   AMP_HUB_GPUS, AMP_HUB_GPU_IDS   how learners share the GPUs (hub_gpus.py)
+  AMP_HUB_PRESET         the learners' problem size, AMP_TUTORIAL_PRESET in their servers;
+                         unset, it follows AMP_HUB_GPUS (hub_presets.py)
   AMP_HUB_CPU_LIMIT, AMP_HUB_MEM_LIMIT   per learner (cores, bytes with a unit suffix)
   AMP_HUB_IDLE_TIMEOUT   seconds without activity before a learner's server is stopped
   AMP_HUB_PREFIX         names of the learners' containers and volumes: <prefix>-<user>
@@ -22,6 +24,7 @@ import sys
 from pathlib import Path
 
 import hub_gpus
+import hub_presets
 import nativeauthenticator
 
 c = get_config()  # noqa: F821 -- provided by JupyterHub when it loads this file
@@ -42,6 +45,8 @@ GPU_IDS = [g.strip() for g in os.environ.get("AMP_HUB_GPU_IDS", "").split(",") i
 GROUP_IDS = [os.environ.get("VIDEO_GID") or "video", os.environ.get("RENDER_GID") or "render"]
 if GPU_MODE == "each":
     hub_gpus.least_used(GPU_IDS, [])  # fails now, with the fix, when no GPU is listed
+# Checked now: an unknown name stops the hub here, not every learner's first lesson.
+PRESET = hub_presets.learner_preset(os.environ.get("AMP_HUB_PRESET"), GPU_MODE)
 
 # --- The hub, reached through its proxy on port 8000; learners' servers reach it as `hub` ---
 c.JupyterHub.bind_url = "http://0.0.0.0:8000"  # inside the container; compose publishes it
@@ -74,7 +79,7 @@ c.DockerSpawner.volumes = {PREFIX + "-{username}": WORK}
 c.DockerSpawner.remove = True  # the container goes when the server stops; the volume stays
 c.DockerSpawner.cmd = ["start-singleuser"]  # copies the course into the volume, keeps edits
 c.DockerSpawner.notebook_dir = WORK
-c.DockerSpawner.environment = {"AMP_TUTORIAL_WORK": WORK}
+c.DockerSpawner.environment = {"AMP_TUTORIAL_WORK": WORK, "AMP_TUTORIAL_PRESET": PRESET}
 c.DockerSpawner.cpu_limit = float(setting("AMP_HUB_CPU_LIMIT", "4"))
 c.DockerSpawner.mem_limit = setting("AMP_HUB_MEM_LIMIT", "8G")
 c.DockerSpawner.start_timeout = 180

@@ -6,7 +6,8 @@ the hub image (on the test base) through the hub's compose file, as an instructo
 `docker compose -f docker-compose.hub.yml up --build` does, and starts it under a unique project
 name, port, network and container prefix. Two learners sign up and are admitted by the admin, a
 third is not; the tests then check what each may reach, that edits persist, that a lesson runs in
-a learner's container and that an idle server is culled. Learners' containers and volumes, the
+a learner's container at the preset the hub sets (AMP_HUB_PRESET) and that an idle server is
+culled. Learners' containers and volumes, the
 hub's volume and the images are removed afterwards, also when a test fails.
 """
 
@@ -191,6 +192,7 @@ def workshop(base_image: str) -> Iterator[Class]:
         "AMP_HUB_BASE_IMAGE": base_image, "AMP_HUB_ADMIN": "teacher",
         "AMP_HUB_PORT": str(free_port()), "AMP_HUB_PREFIX": project,
         "AMP_HUB_NETWORK": project, "AMP_HUB_CPU_LIMIT": "1", "AMP_HUB_MEM_LIMIT": "3G",
+        "AMP_HUB_PRESET": "smoke",  # every learner's AMP_TUTORIAL_PRESET, as an instructor sets it
         "NB_UID": "1000", "NB_GID": "1000",
     }
     if ca_bundle := host_ca_bundle():
@@ -311,11 +313,48 @@ def test_a_learners_edit_survives_a_server_restart_and_a_hub_restart(workshop: C
     assert lesson_text(hub, token) == edited
 
 
-def test_a_lesson_runs_in_a_learners_container_at_the_smoke_preset(workshop: Class) -> None:
-    hub = workshop.hub
-    run(["docker", "exec", "--workdir", "/home/learner/work", "--env",
-         "AMP_TUTORIAL_PRESET=smoke", f"{hub.prefix}-bob", "jupytext", "--execute", "--to",
-         "ipynb", "--output", "/tmp/executed.ipynb", RUN_LESSON], timeout=600)
+# Prints, as JSON, the environment of another process in the container whose command line holds
+# argv[1]: what a learner's Jupyter server, or a kernel it started, really got.
+PROCESS_ENV = (
+    "import json, os, pathlib, sys\n"
+    "for p in pathlib.Path('/proc').glob('[0-9]*'):\n"
+    "    try:\n"
+    "        command, env = (p / 'cmdline').read_bytes(), (p / 'environ').read_bytes()\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    if p.name != str(os.getpid()) and sys.argv[1].encode() in command:\n"
+    "        pairs = [v.decode().split('=', 1) for v in env.split(b'\\0') if b'=' in v]\n"
+    "        print(json.dumps(dict(pairs)))\n"
+    "        break\n")
+
+
+def process_env(hub: Hub, learner: str, marker: str) -> dict[str, str] | None:
+    found = run(["docker", "exec", f"{hub.prefix}-{learner}", "python", "-c", PROCESS_ENV,
+                 marker]).stdout
+    return json.loads(found) if found.strip() else None
+
+
+def test_a_lesson_runs_in_a_learners_container_at_the_hubs_preset(workshop: Class) -> None:
+    """AMP_HUB_PRESET=smoke reaches the learner's server and the kernels it starts, and a lesson
+    run as the learner has it (no preset of its own) runs at that size."""
+    hub, token = workshop.hub, workshop.tokens["bob"]
+    server = process_env(hub, "bob", "jupyterhub-singleuser")
+    assert server is not None, "no jupyterhub-singleuser process in bob's container"
+    assert server.get("AMP_TUTORIAL_PRESET") == "smoke"
+    started = hub.api("POST", "/user/bob/api/kernels", token, json={"name": "python3"})
+    assert started.status_code == 201, started.text
+    kernel_id = started.json()["id"]  # in the kernel's command line: its connection file
+    try:
+        deadline = time.monotonic() + 60
+        while (kernel := process_env(hub, "bob", kernel_id)) is None:
+            assert time.monotonic() < deadline, "no process of the kernel bob's server started"
+            time.sleep(2)
+        assert kernel.get("AMP_TUTORIAL_PRESET") == "smoke"
+    finally:
+        hub.api("DELETE", f"/user/bob/api/kernels/{kernel_id}", token)
+    run(["docker", "exec", "--workdir", "/home/learner/work", f"{hub.prefix}-bob", "jupytext",
+         "--execute", "--to", "ipynb", "--output", "/tmp/executed.ipynb", RUN_LESSON],
+        timeout=600)
     executed = json.loads(run(["docker", "exec", f"{hub.prefix}-bob", "cat",
                                "/tmp/executed.ipynb"]).stdout)
     code_cells = [c for c in executed["cells"] if c["cell_type"] == "code"]

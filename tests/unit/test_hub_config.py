@@ -1,7 +1,8 @@
 """The workshop hub's settings, without Docker: the GPU rules (docker/hub/hub_gpus.py), the
-configuration as JupyterHub loads it, and its compose file (the compose spec's schema and `docker
-compose config`, which needs only the compose CLI); hadolint reads the hub's Dockerfile in
-test_docker_config.py. The real hub with real learners is tests/e2e/test_hub.py.
+learners' preset (docker/hub/hub_presets.py), the configuration as JupyterHub loads it, and its
+compose file (the compose spec's schema and `docker compose config`, which needs only the compose
+CLI); hadolint reads the hub's Dockerfile in test_docker_config.py. The real hub with real
+learners is tests/e2e/test_hub.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 from traitlets.config import Config
 
+from amp_tutorial import presets
 from tests.support.docker_env import (
     HUB_COMPOSE,
     HUB_DIR,
@@ -25,15 +27,16 @@ from tests.support.docker_env import (
 )
 
 
-def load_hub_gpus() -> Any:
-    spec = importlib.util.spec_from_file_location("hub_gpus", HUB_DIR / "hub_gpus.py")
+def load_hub_module(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, HUB_DIR / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-hub_gpus = load_hub_gpus()
+hub_gpus = load_hub_module("hub_gpus")
+hub_presets = load_hub_module("hub_presets")
 
 
 def load_hub_config(monkeypatch: pytest.MonkeyPatch, **env: str) -> Config:
@@ -45,7 +48,8 @@ def load_hub_config(monkeypatch: pytest.MonkeyPatch, **env: str) -> Config:
                         **env}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.syspath_prepend(str(HUB_DIR))
-    monkeypatch.delitem(sys.modules, "hub_gpus", raising=False)
+    for module in ("hub_gpus", "hub_presets"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
     # The hub image has NativeAuthenticator; the test environment does not need it: the config
     # only asks where its templates are.
     monkeypatch.setitem(sys.modules, "nativeauthenticator", types.SimpleNamespace(
@@ -86,6 +90,39 @@ def test_gpu_settings_that_cannot_work_are_refused() -> None:
         hub_gpus.least_used([], [])
     assert hub_gpus.parse_mode(None, "amd") == "all"
     assert hub_gpus.parse_mode(None, None) == "none"
+
+
+def test_the_hub_knows_the_courses_preset_names() -> None:
+    """The hub image has no amp_tutorial (it would bring torch), so hub_presets.py keeps the
+    names itself: they must be the course's."""
+    assert sorted(hub_presets.NAMES) == sorted(presets.VALID_NAMES), (
+        "docker/hub/hub_presets.py NAMES must equal amp_tutorial.presets.VALID_NAMES")
+
+
+def test_learners_sharing_gpus_get_a_smaller_preset_by_default() -> None:
+    shared = hub_presets.SHARED_GPU_PRESET
+    assert hub_presets.learner_preset(None, "all") == shared
+    assert hub_presets.learner_preset("", "all") == shared  # compose passes unset as empty
+    # smaller than the GPU size, so a class on one GPU does not run it out of memory
+    assert shared in presets.PRESETS and shared != "paper"
+    small, paper = presets.PRESETS[shared], presets.PRESETS["paper"]
+    assert small.grid < paper.grid and small.hidden < paper.hidden
+    assert small.transformer.d_model < paper.transformer.d_model
+    for mode in ("each", "none"):  # a GPU to themselves (or a CPU): the device decides
+        assert hub_presets.learner_preset(None, mode) == "auto"
+
+
+def test_a_preset_the_instructor_names_wins() -> None:
+    for mode in hub_gpus.MODES:
+        assert hub_presets.learner_preset("smoke", mode) == "smoke"
+    assert hub_presets.learner_preset("paper", "all") == "paper"  # they may choose the big one
+    assert hub_presets.learner_preset(" Auto ", "all") == "auto"  # as the course reads it
+
+
+def test_an_unknown_preset_is_refused_with_the_valid_names() -> None:
+    with pytest.raises(ValueError, match="AMP_HUB_PRESET='huge'") as refused:
+        hub_presets.learner_preset("huge", "all")
+    assert f"valid names: {', '.join(hub_presets.NAMES)}" in str(refused.value)
 
 
 def test_config_admits_nobody_by_itself_and_isolates_learners(
@@ -132,6 +169,25 @@ def test_config_refuses_each_gpu_mode_without_gpus(monkeypatch: pytest.MonkeyPat
         load_hub_config(monkeypatch, AMP_TUTORIAL_VARIANT="cuda", AMP_HUB_GPUS="each")
 
 
+def test_config_passes_the_preset_to_every_learners_server(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def preset(**env: str) -> str:
+        environment = load_hub_config(monkeypatch, **env).DockerSpawner.environment
+        assert environment["AMP_TUTORIAL_WORK"] == "/home/learner/work"
+        return environment["AMP_TUTORIAL_PRESET"]
+
+    assert preset(AMP_TUTORIAL_VARIANT="cuda") == hub_presets.SHARED_GPU_PRESET  # `all`
+    assert preset(AMP_TUTORIAL_VARIANT="rocm", AMP_HUB_GPUS="each",
+                  AMP_HUB_GPU_IDS="renderD128") == "auto"
+    assert preset() == "auto"  # the cpu variant: AMP_HUB_GPUS=none
+    assert preset(AMP_TUTORIAL_VARIANT="cuda", AMP_HUB_PRESET="smoke") == "smoke"
+
+
+def test_config_refuses_an_unknown_preset(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="valid names: auto"):
+        load_hub_config(monkeypatch, AMP_HUB_PRESET="huge")
+
+
 def test_config_without_an_admin_stops_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SystemExit, match="AMP_HUB_ADMIN"):
         load_hub_config(monkeypatch, AMP_HUB_ADMIN="")
@@ -147,5 +203,10 @@ def test_hub_compose_file_is_valid_and_closed_by_default(compose_cli: None) -> N
         ("127.0.0.1", "8000")]
     assert config["course"]["image"] == "amp-tutorial:rocm"
     assert config["hub"]["environment"]["AMP_HUB_IMAGE"] == "amp-tutorial:rocm"
+    assert config["hub"]["environment"]["AMP_HUB_PRESET"] == ""  # unset: the hub's default
+    chosen = json.loads(run([*hub_compose_command("amp-hub"), "config", "--format", "json"],
+                            env=clean_env(AMP_HUB_ADMIN="teacher", AMP_HUB_PRESET="smoke"),
+                            ).stdout)["services"]["hub"]["environment"]
+    assert chosen["AMP_HUB_PRESET"] == "smoke"
     unset = run([*hub_compose_command("amp-hub"), "config"], env=clean_env(), check=False)
     assert unset.returncode != 0 and "set AMP_HUB_ADMIN" in unset.stderr
