@@ -14,7 +14,7 @@ from __future__ import annotations
 
 # amp_tutorial.presets.VALID_NAMES: the hub image does not have the course's package (it would
 # bring torch), so the names are kept here too; tests/unit/test_hub_config.py keeps them equal.
-NAMES = ("auto", "paper", "cpu", "smoke")
+NAMES = ("auto", "paper", "cpu", "small", "smoke")
 # The default when learners share GPUs (AMP_HUB_GPUS=all): the course's mid size.
 SHARED_GPU_PRESET = "cpu"
 

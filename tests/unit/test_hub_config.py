@@ -107,7 +107,12 @@ def test_learners_sharing_gpus_get_a_smaller_preset_by_default() -> None:
     assert shared in presets.PRESETS and shared != "paper"
     small, paper = presets.PRESETS[shared], presets.PRESETS["paper"]
     assert small.grid < paper.grid and small.hidden < paper.hidden
-    assert small.transformer.d_model < paper.transformer.d_model
+    # the transformer's activations grow with tokens x width x layers, its weights with layers
+    t, p = small.transformer, paper.transformer
+    def activations(sizes: presets.TransformerSizes) -> int:
+        return sizes.batch * sizes.seq_len * sizes.d_model * sizes.n_layers
+    assert activations(t) < activations(p)
+    assert t.d_model <= p.d_model and t.n_layers < p.n_layers
     for mode in ("each", "none"):  # a GPU to themselves (or a CPU): the device decides
         assert hub_presets.learner_preset(None, mode) == "auto"
 
