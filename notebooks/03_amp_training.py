@@ -398,8 +398,8 @@ assert has_rule == {"cpu": False, "cuda": False, "xpu": False, "mps": True}
 #   between runs; name the baseline (TF32 or strict fp32).
 # - AMP halves the activation memory on CPU, CUDA/ROCm and XPU (asserted above, here and under
 #   CUDA's policy); on MPS, where BatchNorm stays fp32, this network saves more. Time depends on the
-#   hardware: measured at the `cpu` preset, bf16 trained 2.6x-3.6x faster than fp32 on 2-core
-#   CPUs with native bf16 (a Xeon with AMX, an EPYC with AVX512-BF16; README, "The benchmark"),
-#   and slower than fp32 on a CPU without it. Your run's numbers are in the table above.
+#   hardware: measured at the `cpu` preset, bf16 trained 2.0x faster than fp32 on a 2-core EPYC
+#   (Zen 4) with AVX512-BF16, about the ceiling of its bf16 instructions, and slower than fp32 on a
+#   CPU without native bf16 (docs/benchmark.md). Your run's numbers are in the table above.
 #
 # **Lesson 04** does the same comparison for inference.

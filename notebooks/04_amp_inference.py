@@ -171,9 +171,10 @@ fig = plot_outputs(images, "Predictions served in fp32 and under autocast")
 #
 # The blog reported 46% less time for training and 32% for inference on its GPU (with the faults
 # listed above) and concluded that inference gains less because it has no backward pass. That is
-# not a rule. Measured at the `cpu` preset (README, "The benchmark"), channels_last: on an EPYC
-# (Zen 5) bf16 inference gained less than training (2.57x against 3.56x); on a Xeon with AMX it
-# ranged from 2.5x to 10.8x across three runs, around training's 2.6x to 3.4x. On a CPU
+# not a rule. Measured at the `cpu` preset (docs/benchmark.md), channels_last: on an EPYC (Zen 5)
+# bf16 inference gained less than training (2.57x against 3.56x), on an EPYC (Zen 4) more (2.18x
+# against 2.00x); on a Xeon with AMX it ranged from 2.5x to 10.8x across three runs, around
+# training's 2.6x to 3.4x. On a CPU
 # without native bf16 (no AVX512-BF16 or AMX on x86, no BF16 extension on Arm: the flags
 # `amp_tutorial.device` looks for) bf16 is emulated and usually slower than fp32, though how much
 # depends on the kernels of your torch build, so measure it. What decides it is whether

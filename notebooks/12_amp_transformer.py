@@ -175,22 +175,23 @@ results = pd.DataFrame({
 }).T
 results.round(3)
 
-# %% [markdown]
-# Checked on every device: each run learns the task (at least the preset's accuracy on sequences it
-# never saw), AMP keeps at most 0.6 of fp32's saved-activation bytes, and its accuracy is within one
-# point of fp32's. The 0.6 holds where attention trains in a fused kernel; where SDPA falls back to
-# its math kernel for training (MPS, which has no fused kernel; ROCm GPUs without AOTriton's),
-# attention runs and saves in float32 even under autocast (lesson 13, section 2), and the bound is
-# 0.85. Time is reported, not asserted: `smoke` and `cpu` are too small for bf16 to win, and the
-# benchmark measures speed. On a CPU, bf16 is fast only with native bf16 instructions (AVX512-BF16
-# or AMX). Without them there are two cases. With AVX512 (bw, vl, dq), oneDNN still runs bf16
-# matmuls, converting to fp32 as it goes. With AVX2 only (many laptops), oneDNN's bf16 path is off
-# (`mkldnn_bf16_device_check` in `aten/src/ATen/native/mkldnn/Utils.h`), and a bf16 matmul falls
-# back to ATen's reference gemm. On a 2-core AVX2 EPYC that fallback ran about 4x slower than fp32
-# for the forward `x @ W.T`, and 34x slower for the backward's `grad @ W`, so a training step took
-# about 10x as long. `get_cpu_capability()` cannot tell these cases apart (an AMX CPU reports
-# "AVX512" too), so the next cell prints what the course read from the CPU's flags
-# (`info.native_bf16`) and whether oneDNN's bf16 kernels run (`info.notes`).
+# %% [markdown] Checked on every device: each run learns the task (at least the preset's accuracy on
+# sequences it never saw), AMP keeps at most 0.6 of fp32's saved-activation bytes, and its accuracy
+# is within one point of fp32's. The 0.6 holds where attention trains in a fused kernel; where SDPA
+# falls back to its math kernel for training (MPS, which has no fused kernel; ROCm GPUs without
+# AOTriton's), attention runs and saves in float32 even under autocast (lesson 13, section 2), and
+# the bound is 0.85. Time is reported, not asserted: at `smoke` and `small` bf16 is not expected to
+# win; at `cpu`, on a 2-core EPYC (Zen 4) with AVX512-BF16, `pdm run bench --model transformer`
+# measured bf16 training 1.72x faster than fp32 (docs/benchmark.md). On a CPU, bf16 is fast only
+# with native bf16 instructions (AVX512-BF16 or AMX). Without them there are two cases. With AVX512
+# (bw, vl, dq), oneDNN still runs bf16 matmuls, converting to fp32 as it goes. With AVX2 only (many
+# laptops), oneDNN's bf16 path is off (`mkldnn_bf16_device_check` in
+# `aten/src/ATen/native/mkldnn/Utils.h`), and a bf16 matmul falls back to ATen's reference gemm. On
+# a 2-core AVX2 EPYC that fallback ran about 4x slower than fp32 for the forward `x @ W.T`, and 34x
+# slower for the backward's `grad @ W`, so a training step took about 10x as long.
+# `get_cpu_capability()` cannot tell these cases apart (an AMX CPU reports "AVX512" too), so the
+# next cell prints what the course read from the CPU's flags (`info.native_bf16`) and whether
+# oneDNN's bf16 kernels run (`info.notes`).
 
 # %%
 qkv_shape = (sizes.batch, config.n_heads, sizes.seq_len, config.d_model // config.n_heads)
