@@ -366,6 +366,31 @@ assert amp_model.training  # back in training mode
 assert abs(val_amp - val_fp32) <= 0.05 * val_fp32
 
 # %% [markdown]
+# ## Try it
+#
+# Each exercise changes one thing in a cell above. Predict the outcome, then re-run from that cell.
+# The outcomes were measured on a CPU, at `smoke` and `cpu`, in bf16 and in fp16 mode.
+#
+# 1. **A sigmoid less sure of itself.** In the fake-tensor probe's cell, change
+#    `torch.tensor([12.0])` to `torch.tensor([7.0])` (the message still says `sigmoid(12)`). The
+#    two 16-bit formats now part. bf16 still rounds sigmoid(7) = 0.99909 to 1.0 (its numbers just
+#    below 1 are 2^-8 apart) and BCE is the flat 100; in fp16 mode it stays 0.99902, 2^-10 below 1
+#    (fp16's are 2^-11 apart), and BCE is 6.9 (-log 2^-10), near the 7.0009 the logits give. The
+#    asserts, written for 12, fail. Only the logits form is right for every logit, in both formats.
+# 2. **No `cast_inputs`.** In `LogCosh`, delete `, cast_inputs=torch.float32` from `custom_fwd`.
+#    `forward` now runs under the caller's autocast on the prediction as it comes: it sees
+#    `(torch.bfloat16, True)` (`torch.float16` in fp16 mode), `backward` sees
+#    `(torch.float32, True)` (`custom_bwd` gives it forward's autocast state), and the forward
+#    assert fails. The loss is still float32 only because the fp32 target promotes
+#    `prediction - target`; with a 16-bit target, every op of the loss stays in 16 bits (probed on
+#    a CPU).
+# 3. **Backward inside the region.** In the cell after `LogCosh`, indent `loss.backward()` into the
+#    `with` block. Nothing changes: backward still sees `(torch.float32, False)`, because
+#    `custom_bwd` runs it with the autocast state `forward` had, which `cast_inputs` turned off.
+#    Without `custom_bwd` it would see `True` and the backward assert would fail (checked by also
+#    deleting the decorator): on a CPU, backward runs under the autocast state of its caller.
+
+# %% [markdown]
 # ## What to remember
 #
 # - Keep sensitive math in fp32 with `autocast(device_type=x.device.type, enabled=False)` and

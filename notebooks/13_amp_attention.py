@@ -268,6 +268,29 @@ elif not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed():  # the defa
     assert math_ops[-1].op == "_to_copy" and math_ops[-1].output == low
 
 # %% [markdown]
+# ## Try it
+#
+# Each exercise changes one thing in a cell above. Predict the outcome, then re-run from that cell.
+# The outcomes were measured on a CPU, at `smoke` and `cpu`, in bf16 and in fp16 mode (section 1
+# uses explicit float16 tensors and no preset, so there all four runs agree).
+#
+# 1. **Where float16 ends.** In section 1's first cell, change `40.0` to `31.0`. The unscaled score,
+#    64 x 31 x 31 = 61504, is below 65504 and stays finite; all four scores are equal, so softmax
+#    gives a uniform row (0.25 each), and the first assert fails. At `32.0` the score is 65536:
+#    `inf` again. Entries of 31 are the largest whole numbers whose 64-term dot product fits.
+# 2. **A -1e4 mask.** In the next cell, change the `-1e9` on the `additive = ...` line to `-1e4`.
+#    float16 holds -10000, so the mask is finite, the fully masked row gives 0.33325 three times
+#    instead of NaN, and the `isinf` assert fails (the message still says -1e9). The row is uniform
+#    only by rounding: float16's numbers near 10000 are 8 apart, so 1, 2 and 3 minus 10000 all
+#    round to -10000. In float32 the same row gives 0.090, 0.245 and 0.665: the masked scores show
+#    through.
+# 3. **Math SDPA in low precision.** At the top of the last cell, add
+#    `torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)`. The trace loses its
+#    `_to_copy` ops: `mul`, both `bmm` and `_safe_softmax` now run in the input dtype (`bmm->bf16`,
+#    or `bmm->fp16` in fp16 mode), and the asserts, written for the default, are skipped. The flag
+#    is global: set it back to `False` before you re-run section 2.
+
+# %% [markdown]
 # ## What to remember
 #
 # - In float16: scale before the product, never build masks from constants float16 cannot hold,
