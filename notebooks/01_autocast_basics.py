@@ -403,6 +403,31 @@ assert torch.get_autocast_dtype("cpu") == torch.bfloat16  # CPU autocast's defau
 assert not hasattr(torch.mps, "is_bf16_supported")  # no way to ask MPS about native bf16
 
 # %% [markdown]
+# ## Try it
+#
+# Each exercise changes one thing in a cell above. Predict the outcome, then re-run from that cell.
+# The outcomes were measured on a CPU, in both dtype modes (bf16, and fp16 with
+# `AMP_TUTORIAL_DTYPE=float16`).
+#
+# 1. **A float32 region inside.** In section 2, put `product = x @ y.T` in a nested
+#    `with torch.autocast(device_type=info.type, enabled=False):` block. The matmul now gives
+#    `torch.float32` and the `product` assert fails, while `x + y` stays float32. The inner block
+#    switches autocast off for its own ops only: a matmul after it, still inside the outer block,
+#    gives the low dtype again.
+# 2. **CUDA's lists, on this CPU.** In section 3's first cell, replace `info.type` with `"cuda"` in
+#    the call to `autocast_policy`: the probe runs on fake CUDA tensors. The groups printed next
+#    are CUDA's: exp, log, pow, layer_norm and group_norm join mse_loss in float32, sum, cumsum,
+#    softmax and prod get a float32 output dtype, binary_cross_entropy is refused, and `dot` and
+#    `scatter_add` replace `index_copy` as the ops that fail on mixed dtypes without autocast. The
+#    asserts still pass: both devices lower matmul, linear, conv2d and bmm, keep mse_loss in
+#    float32 and leave `add` alone.
+# 3. **The loss outside autocast.** In section 4, move the `loss = ...` line out of the `with`
+#    block. The prediction is still in the low dtype, and now so is the loss (`torch.bfloat16`, or
+#    `torch.float16` in fp16 mode): the `loss.dtype` assert fails. `mse_loss` is on CPU autocast's
+#    float32 list, but outside autocast it runs in its inputs' dtype. The gradients stay float32,
+#    on the float32 weights.
+
+# %% [markdown]
 # ## What to remember
 #
 # - fp16: about 3.3 significant decimal digits, a narrow range (smallest subnormal about 6e-8,

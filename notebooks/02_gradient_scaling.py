@@ -21,9 +21,8 @@
 # %% [markdown]
 # # 02 · Gradient scaling: why fp16 gradients vanish, and how GradScaler saves them
 #
-# Lesson 01 showed that float16's smallest subnormal is 2^-24 (about 6e-8) and that anything below
-# half of it (about 3e-8) rounds to zero. This lesson shows that this really happens to the
-# gradients of a real network, and how `torch.amp.GradScaler` fixes it:
+# Lesson 01 showed that fp16 rounds values below about 3e-8 (half its smallest subnormal, 2^-24,
+# about 6e-8) to zero. Here it hits a real network's gradients, and `torch.amp.GradScaler` fixes it:
 #
 # 1. measure the problem: how many of the course model's fp16 gradients become zero or subnormal;
 # 2. walk through one scaler step by hand: scale, backward, unscale, check, step or skip, update;
@@ -31,8 +30,11 @@
 # 4. clip the right way, see what clipping scaled gradients does to SGD and Adam, write the step;
 # 5. see that bfloat16 needs none of this.
 #
-# Seeds are fixed (`torch.manual_seed(0)`): each run starts from the same weights. Every claim is
-# checked by an `assert` in the cell that makes it.
+# GradScaler matters for **float16**, the default autocast dtype on CUDA and ROCm GPUs. Without a
+# GPU this lesson computes real fp16 gradients on the CPU (CPU autocast takes `dtype=torch.float16`
+# and `torch.amp.GradScaler("cpu")` exists), in a narrow network, as most CPUs lack fast fp16
+# arithmetic: the gradient magnitudes depend on the loss and the image size, not on the width. Fixed
+# seeds (`torch.manual_seed(0)`) give each run the same weights; asserts check every claim.
 
 # %%
 import numpy as np
@@ -53,14 +55,6 @@ info = select_device()
 preset = get_preset(device_type=info.type)
 print(describe_device(info))
 print(f"preset {preset.name!r}: {preset.description}")
-
-# %% [markdown]
-# ### Where the fp16 work runs
-#
-# GradScaler matters for **float16**, the default autocast dtype on CUDA and ROCm GPUs. Without a
-# GPU this lesson computes real fp16 gradients on the CPU (CPU autocast takes `dtype=torch.float16`
-# and `torch.amp.GradScaler("cpu")` exists), in a narrow network, as most CPUs lack fast fp16
-# arithmetic: the gradient magnitudes depend on the loss and the image size, not on the width.
 
 # %%
 fp16_ok_here = torch.float16 in info.amp_dtypes or info.type == "cpu"
@@ -86,13 +80,12 @@ def new_model(device: torch.device) -> torch.nn.Module:
 # %% [markdown]
 # ## 1. The problem: fp16 gradients flush to zero
 #
-# The loss is the *mean* squared error over every pixel, so the gradient reaching each pixel's
-# activation is about `2 * error / number_of_pixels`: the larger the image (or batch), the smaller
-# each gradient. On a 256x256 image (512x512 at `paper`), `activation_grads` (from
-# `amp_tutorial.gradients`) runs one forward under autocast in the given dtype, calls `backward()`
-# on the loss times `loss_scale`, and returns the gradient that flowed into every convolution's
-# output, as computed (float16 under fp16 autocast) and divided by `loss_scale` again in fp32, as
-# GradScaler does.
+# Under a *mean* squared error over all pixels, each pixel's activation gets a gradient of about
+# `2 * error / number_of_pixels`: the larger the image (or batch), the smaller. On a 256x256 image
+# (512x512 at `paper`), `activation_grads` (from `amp_tutorial.gradients`) runs a forward under
+# autocast in the given dtype and `backward()` on the loss times `loss_scale`; it returns each
+# convolution's output gradient as computed (fp16 under fp16 autocast) and divided by `loss_scale`
+# in fp32, as GradScaler does.
 
 # %%
 underflow_grid = max(preset.grid, 256)
@@ -118,11 +111,11 @@ assert zero_fraction(scaled_raw) < zero_fraction(fp16_raw)  # scaling rescues th
 assert flushed["below fp16 normal"].iloc[2] < flushed["below fp16 normal"].iloc[1]
 
 # %% [markdown]
-# Two losses, not one: gradients that became exactly zero, and gradients that survived only as
-# **subnormals** (below 2^-14 fp16 has fewer than its 11 significant bits, down to one at 2^-24).
-# After scaling, almost none are left in either group. The histogram shows the true gradients and
-# the same gradients times the scale: those below half the smallest subnormal (2^-25, about 3e-8)
-# become 0 in fp16; times 2^16, the whole distribution moves 16 binades up, into fp16's range.
+# Two losses: gradients flushed to exactly zero, and ones kept only as **subnormals** (below 2^-14
+# fp16 has fewer than its 11 significant bits, down to one at 2^-24); after scaling, almost none are
+# in either group. The histogram shows the true gradients and their scaled copies: below 2^-25 (half
+# the smallest subnormal, about 3e-8) they become 0 in fp16; times 2^16 the whole distribution moves
+# 16 binades up, into fp16's range.
 
 # %%
 fig = plot_gradient_magnitudes(true_grads, SCALE, f"Activation gradients of ConvModel on a "
@@ -132,25 +125,22 @@ print(f"{below:.2%} of the true gradients are below half the smallest fp16 subno
       f"(they round to 0); the fp16 run measured {zero_fraction(fp16_raw):.2%} zeros.")
 
 # %% [markdown]
-# The two numbers agree closely: the zeros are the gradients whose true value lies below fp16's
-# reach (small differences come from the rest of the backward pass rounding in fp16). A flushed
-# gradient is not noise but information the optimizer never sees: weight gradients are sums of
-# these. Scaling does not change the update (GradScaler divides by the same factor in fp32 before
-# the optimizer step); it only moves the backward pass's numbers to where fp16 can hold them.
+# The two agree closely: the zeros are the gradients whose true value is below fp16's reach (the
+# fp16 backward explains small differences). A flushed gradient is information the optimizer never
+# sees: weight gradients are sums of these. Scaling leaves the update alone (GradScaler divides by
+# the factor again, in fp32, before the step); it moves the backward's numbers into fp16's range.
 #
 # ## 2. One GradScaler step, by hand
 #
-# `torch.amp.GradScaler(device_type)` keeps a scale `S` (2^16 at first). One training step:
+# `torch.amp.GradScaler(device_type)` keeps a scale `S` (2^16 at first). One training step, each
+# call checked below, on a fresh model on the fp16 device:
 #
 # - `scaler.scale(loss)` returns `loss * S`; backward of it gives gradients `S` times too large.
-# - `scaler.unscale_(optimizer)` divides each `.grad` by `S` in place (in fp32) and records
-#   whether any of them is inf or NaN.
+# - `scaler.unscale_(optimizer)` divides each `.grad` by `S` in place (fp32), noting any inf or NaN.
 # - `scaler.step(optimizer)` unscales if you have not, then calls `optimizer.step()` **only if**
 #   every gradient is finite; otherwise the step is skipped.
 # - `scaler.update()`: after a skipped step `S *= backoff_factor`; after `growth_interval` good
 #   steps in a row `S *= growth_factor`; otherwise `S` stays.
-#
-# Each call below is followed by a check of what it did; the model is fresh, on the fp16 device.
 
 # %%
 inputs, targets = make_problem(preset.grid, fp16_device)
@@ -257,9 +247,8 @@ assert (default.get_scale(), default.get_growth_interval()) == (2.0**16, 2000)
 #
 # ## 4. Gradient clipping: unscale first
 #
-# `clip_grad_norm_(params, max_norm)` rescales the gradients so their total norm is at most
-# `max_norm`. After `scaler.scale(loss).backward()` the gradients are `S` times too large, so the
-# norm it measures is `S` times too large too. The right order is:
+# `clip_grad_norm_(params, max_norm)` rescales the gradients to a total norm of at most `max_norm`;
+# after `scaler.scale(loss).backward()` they and that norm are `S` times too large. The right order:
 #
 # ```python
 # scaler.scale(loss).backward()
@@ -269,10 +258,9 @@ assert (default.get_scale(), default.get_growth_interval()) == (2.0**16, 2000)
 # scaler.update()
 # ```
 #
-# What the wrong order costs depends on the **optimizer**. `train_clipped` below is the AMP loop
-# clipping in either order; per step it records the norm the clip measured, the norm of the
-# (unscaled) gradients the optimizer then gets, and how far the step moved the weights. A 64x64
-# image keeps it quick; a fixed scale of 2^10 keeps the first step from overflowing.
+# What the wrong order costs depends on the **optimizer**. `train_clipped` clips in either order and
+# records per step the norm the clip saw, the (unscaled) gradient norm the optimizer got, and the
+# weight update. A 64x64 image keeps it quick; a fixed scale of 2^10 keeps step 1 from overflowing.
 
 # %%
 ORDERS = ("unscale_ then clip", "clip then unscale_")
@@ -339,13 +327,12 @@ print(f"SGD, max_norm = 10 x true norm: the right order's update is {spike_shrin
 assert np.isclose(spike_shrink, CLIP_SCALE / 10, rtol=1e-2)
 
 # %% [markdown]
-# With **SGD** the update is `lr * gradient`. Clipping first hands the optimizer `max_norm / S`
-# where the right order hands it `min(||g||, max_norm)`: the step is `S * min(1, ||g|| /
-# max_norm)` times too small (whenever `S * ||g||` exceeds `max_norm`, so the wrong clip fires).
-# With a clip meant to fire that is S (lr 1e-3 acts like 1e-3 / 65536 at the default scale); with
-# one meant for spikes it is S / 10. Nothing warns you. **Adam** divides each gradient by its own
-# running RMS, so a gradient uniformly S times smaller gives almost the same step (only its
-# `eps=1e-8` notices). The damage with Adam is elsewhere: the clip acted at `max_norm / S`.
+# With **SGD** (update `lr * gradient`), clipping first hands the optimizer `max_norm / S` instead
+# of `min(||g||, max_norm)`: a step `S * min(1, ||g|| / max_norm)` times too small whenever the
+# wrong clip fires (`S * ||g||` above `max_norm`). For a clip meant to fire that is S (lr 1e-3 acts
+# like 1e-3 / 65536 at the default scale), for one meant for spikes S / 10, and nothing warns you.
+# **Adam** divides each gradient by its own running RMS, so a gradient uniformly S times smaller
+# gives almost the same step (only `eps=1e-8` notices), but the clip acted at `max_norm / S`.
 #
 # ### Adam: a clip meant for spikes fires on every step
 #
@@ -381,14 +368,12 @@ print(f"update norm, first -> last step: unscale_ first {right['update'].iloc[0]
       f"{wrong['update'].iloc[-1]:.3g}")
 
 # %% [markdown]
-# In the right order the clip never fires and the run is bit for bit the unclipped one. In the
-# wrong order it fires on (nearly) **every** step, until the true gradient norm has fallen about
-# S / 10 times below the first step's, and each time hands Adam a gradient of one fixed norm,
-# `max_norm / S`, so Adam no longer sees the gradient shrink as the loss falls and its steps do
-# not shrink either (compare the curves' ends). That is normalised-gradient Adam, not the
-# optimizer you configured, and its threshold moves whenever the scale changes. Any code that
-# reads or changes `.grad` between backward and step (gradient logging, custom regularisers)
-# needs `scaler.unscale_(optimizer)` first, too.
+# In the right order the clip never fires: the run is bit for bit the unclipped one. In the wrong
+# order it fires on (nearly) **every** step, until the true gradient norm falls about S / 10 times
+# below the first step's, each time handing Adam a gradient of one fixed norm, `max_norm / S`, so
+# its steps stop shrinking as the loss falls (compare the curves' ends): normalised-gradient Adam,
+# not the optimizer you configured, its threshold moving with the scale. Code touching `.grad`
+# between backward and step (logging, regularisers) needs `scaler.unscale_(optimizer)` first.
 #
 # ### Exercise: one fp16 step with clipping
 #
@@ -434,6 +419,21 @@ assert not info.needs_grad_scaler(torch.bfloat16)
 # bf16 pays for its range with precision (8 significant bits against fp16's 11), which the fp32
 # master weights absorb. A GradScaler with bf16 does nothing useful, so one loop serves both:
 # `torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)`.
+#
+# ## Try it
+#
+# Each exercise changes one thing in a cell above. Predict the outcome, then re-run from that cell.
+# Measured on a CPU at `smoke` and `cpu`; this lesson's fp16 runs there in both dtype modes, alike.
+#
+# 1. **Fewer binades.** In section 1, set `SCALE = 2.0**4`. The last row's zeros nearly vanish
+#    (0.05% at `smoke`, 0.09% at `cpu`, from 0.80% and 1.43%), but 54% and 62% of the gradients stay
+#    subnormal (fewer than 11 significant bits), against 0.03% and 0.04% at 2^16.
+# 2. **One binade too many.** In section 2, pass `init_scale=2.0**17` to the `GradScaler`. The
+#    largest scaled gradient (4.9e4 at `smoke` with 2^16) is now inf: step 4 says `False`, the step
+#    is skipped, the scale halves to 65536 (the same at `cpu`, where even 2^16 overflows here).
+# 3. **Grow every step.** In section 3, set `GROWTH_INTERVAL = 1`. The scale doubles each step, to
+#    2^17 by step 7, and keeps overshooting: steps 8 (the inf) and 10 of 12 are skipped at `smoke`,
+#    7, 8 and 11 at `cpu`. A scale that oscillates like this asks for a larger `growth_interval`.
 #
 # ## What to remember
 #

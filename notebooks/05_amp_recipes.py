@@ -418,6 +418,26 @@ assert stepped_a and not stepped_b
 assert scaler.get_scale() == 2.0**9
 
 # %% [markdown]
+# ## Try it
+#
+# Each exercise changes one thing in a cell above. Predict the outcome, then re-run from that cell.
+# Measured on a CPU at `smoke` and `cpu`, in both dtype modes.
+#
+# 1. **Forget to divide.** In `accumulated_gradients`, delete `/ n_micro`. The fp32 row's relative
+#    difference jumps from 1.2e-07 to 3.00e+00 (at `smoke`) and its assert stops the cell: four
+#    micro-batch means add up to four times the batch's mean, and (4g - g) / g = 3.
+# 2. **Unscale per micro-batch.** In the same function, indent `scaler.unscale_(optimizer)` into the
+#    loop, as if to clip after every backward. In fp16 mode the AMP row raises
+#    `RuntimeError: unscale_() has already been called on this optimizer since the last update()` at
+#    the second micro-batch: a clip goes once per step, after the last micro-batch. In bf16 mode
+#    nothing changes: the scaler is disabled, and its `unscale_` returns at once.
+# 3. **A default scaler on resume.** After `resumed = start_run(seed=123)`, add
+#    `resumed["scaler"] = torch.amp.GradScaler(info.type)`. Every assert still passes, with the same
+#    final scale (16384 at `smoke`): loading the checkpoint replaces the constructor's 2^16 and
+#    `growth_interval=2000` with the saved scale, growth and backoff factors, `growth_interval=3`
+#    and count of good steps.
+
+# %% [markdown]
 # ## What to remember
 #
 # - `enabled=` on autocast and GradScaler gives one loop for fp32 and AMP.
