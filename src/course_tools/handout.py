@@ -45,11 +45,11 @@ from nbconvert import HTMLExporter
 from nbformat import NotebookNode
 from tqdm.auto import tqdm
 
-from amp_tutorial.presets import PRESET_ENV, VALID_NAMES
+from amp_tutorial.presets import PRESET_ENV, VALID_NAMES, get_preset
 from course_tools.answers import is_exercise, use_solutions
 from course_tools.catalogue import LESSON_GLOB, Lesson, find_lessons, notebooks_dir, select_lessons
 
-DEFAULT_PRESET = "cpu"
+DEFAULT_PRESET = "auto"
 DEFAULT_OUT = Path("artifacts") / "handout"
 CELL_TIMEOUT_S = 600  # per cell, as the test run's --nbval-cell-timeout
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -243,6 +243,7 @@ def render_handout(out: Path, preset: str = DEFAULT_PRESET, notebooks: Path | No
         raise SystemExit(f"error: no lessons ({LESSON_GLOB}) in {notebooks}")
     chosen = select_lessons(lessons, wanted) if wanted else lessons
     out.mkdir(parents=True, exist_ok=True)
+    preset = get_preset(preset).name  # `auto` as this machine resolves it, for the headers' minutes
     device, torch_version = device_and_torch()
     runs = []
     for lesson in tqdm(chosen, desc=f"handout ({preset})", unit="lesson"):
@@ -288,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     index = (args.out / "index.html").resolve()
-    print(f"{len(runs)} lessons at the {args.preset!r} preset in "
+    print(f"{len(runs)} lessons at the {get_preset(args.preset).name!r} preset in "
           f"{format_seconds(time.perf_counter() - start)}; open {index.as_uri()}")
     failed = [run.error for run in runs if run.error]
     for error in failed:
