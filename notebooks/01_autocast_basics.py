@@ -2,8 +2,8 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
-#       cpu: 0.4
-#       smoke: 0.6
+#       cpu: 0.2
+#       smoke: 0.2
 #     needs: any device, CPU included (other devices' autocast lists are probed on fake
 #       tensors)
 #   jupytext:

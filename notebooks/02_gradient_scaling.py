@@ -2,8 +2,8 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
-#       cpu: 1.1
-#       smoke: 0.6
+#       cpu: 0.3
+#       smoke: 0.2
 #     needs: any device, CPU included; fp16 gradients are measured on the GPU where
 #       there is one
 #   jupytext:

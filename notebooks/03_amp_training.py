@@ -2,8 +2,8 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
-#       cpu: 4.9
-#       smoke: 0.6
+#       cpu: 0.5
+#       smoke: 0.2
 #     needs: any device, CPU included; allocator peak memory on a GPU
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version

@@ -2,8 +2,8 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
-#       cpu: 4.7
-#       smoke: 0.5
+#       cpu: 0.4
+#       smoke: 0.2
 #     needs: any device, CPU included
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version

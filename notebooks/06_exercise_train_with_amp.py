@@ -2,8 +2,8 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
-#       cpu: 2.7
-#       smoke: 0.6
+#       cpu: 0.3
+#       smoke: 0.2
 #     needs: any device, CPU included
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version

@@ -2,8 +2,8 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
-#       cpu: 4.2
-#       smoke: 0.4
+#       cpu: 0.2
+#       smoke: 0.2
 #     needs: any device, CPU included; `binary_cross_entropy` is refused only on CUDA,
 #       ROCm or XPU
 #   jupytext:

@@ -2,8 +2,8 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
-#       cpu: 1.5
-#       smoke: 0.4
+#       cpu: 0.6
+#       smoke: 0.2
 #     needs: any device, CPU included; the old `torch.cuda.amp` spellings work only
 #       on CUDA
 #   jupytext:

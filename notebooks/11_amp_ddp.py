@@ -2,7 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
-#       cpu: 0.5
+#       cpu: 0.3
 #       smoke: 0.3
 #     needs: '2 processes: a CPU (Gloo), or 2 GPUs (NCCL/RCCL)'
 #   jupytext:

@@ -2,7 +2,8 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
-#       smoke: 0.2
+#       cpu: 0.8
+#       smoke: 0.3
 #     needs: any device, CPU included; CUDA's float32 list on an NVIDIA GPU
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
@@ -175,7 +176,7 @@ results = pd.DataFrame({
 }).T
 results.round(3)
 
-# %% [markdown] Checked on every device: each run learns the task (at least the preset's accuracy on
+# %% Checked on every device: each run learns the task (at least the preset's accuracy on [markdown]
 # sequences it never saw), AMP keeps at most 0.6 of fp32's saved-activation bytes, and its accuracy
 # is within one point of fp32's. The 0.6 holds where attention trains in a fused kernel; where SDPA
 # falls back to its math kernel for training (MPS, which has no fused kernel; ROCm GPUs without

@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
+#       cpu: 0.2
 #       smoke: 0.2
 #     needs: any device, CPU included; SDPA kernels per dtype on an NVIDIA GPU
 #   jupytext:

@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
+#       cpu: 2.0
 #       smoke: 0.3
 #     needs: any device, CPU included; torch.compile on a CPU needs a C++ compiler
 #   jupytext:

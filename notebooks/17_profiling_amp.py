@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     minutes:
+#       cpu: 0.3
 #       smoke: 0.2
 #     needs: 'any device, CPU included; memory snapshot: a CUDA or ROCm GPU; TF32 baseline:
 #       NVIDIA compute capability 8.0+'
