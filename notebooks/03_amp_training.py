@@ -1,6 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       paper: 2056
 #     minutes:
 #       cpu: 4.9
 #       smoke: 0.6

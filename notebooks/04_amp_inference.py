@@ -1,6 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       paper: 2054
 #     minutes:
 #       cpu: 1.5
 #       smoke: 0.6

@@ -1,6 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       paper: 158
 #     minutes:
 #       cpu: 4.7
 #       smoke: 0.5

@@ -1,6 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       paper: 70
 #     minutes:
 #       smoke: 0.2
 #     needs: any device, CPU included

@@ -1,6 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       paper: 3463
 #     minutes:
 #       smoke: 0.2
 #     needs: any device, CPU included; CUDA's float32 list on an NVIDIA GPU

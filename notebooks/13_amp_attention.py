@@ -1,6 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       paper: 1009
 #     minutes:
 #       smoke: 0.2
 #     needs: any device, CPU included; SDPA kernels per dtype on an NVIDIA GPU

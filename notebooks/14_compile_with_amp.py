@@ -1,6 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       paper: 5771
 #     minutes:
 #       smoke: 0.3
 #     needs: any device, CPU included; torch.compile on a CPU needs a C++ compiler

@@ -1,6 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       paper: 5
 #     minutes:
 #       smoke: 0.1
 #     needs: 'any device, CPU included; FP8 training: NVIDIA compute capability 8.9+

@@ -1,6 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       paper: 3517
 #     minutes:
 #       smoke: 0.2
 #     needs: 'any device, CPU included; memory snapshot: a CUDA or ROCm GPU; TF32 baseline:
