@@ -1,6 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       paper: 2056
 #     minutes:
 #       cpu: 0.5
 #       smoke: 0.2

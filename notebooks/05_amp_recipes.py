@@ -1,6 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       paper: 158
 #     minutes:
 #       cpu: 0.4
 #       smoke: 0.2

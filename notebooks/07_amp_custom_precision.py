@@ -1,6 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       paper: 2458
 #     minutes:
 #       cpu: 0.2
 #       smoke: 0.2

@@ -1,6 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       paper: 2844
 #     minutes:
 #       cpu: 0.6
 #       smoke: 0.2

@@ -1,10 +1,14 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       paper: 1
 #     minutes:
 #       cpu: 0.3
 #       smoke: 0.3
 #     needs: '2 processes: a CPU (Gloo), or 2 GPUs (NCCL/RCCL)'
+#     process_memory:
+#       paper: 136
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:

@@ -1,6 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       paper: 3463
 #     minutes:
 #       cpu: 0.8
 #       smoke: 0.3

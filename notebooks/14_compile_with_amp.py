@@ -1,6 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       paper: 5771
 #     minutes:
 #       cpu: 2.0
 #       smoke: 0.3

@@ -1,6 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       paper: 5
 #     minutes:
 #       cpu: 0.1
 #       smoke: 0.1

@@ -1,6 +1,8 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       paper: 3517
 #     minutes:
 #       cpu: 0.3
 #       smoke: 0.2

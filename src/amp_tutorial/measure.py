@@ -240,13 +240,16 @@ def saved_activation_bytes(fn: Callable[[], object]) -> int:
 
     Storage shared by several saved tensors (a weight saved by two ops) is counted once. Storages
     are told apart by identity, not address, so fake tensors (which have no data) count too.
+    The hook hands autograd a detached tensor: returning the tensor itself makes a reference cycle
+    (an op that saves its own output then holds itself) that no garbage collection frees, so every
+    call leaked the saved activations (``saved_tensors_hooks``' warning, torch/autograd/graph.py).
     """
     seen: dict[int, tuple[torch.UntypedStorage, int]] = {}  # id -> (storage kept alive, bytes)
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()  # the same Python object for every view of it
         seen[id(storage)] = (storage, storage.nbytes())
-        return tensor
+        return tensor.detach()  # same storage, no reference back to the graph
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()

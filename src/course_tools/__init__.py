@@ -1,4 +1,5 @@
 """The course's own tools, which no lesson imports: the lesson catalogue (``catalogue``: what a
 lesson is, its metadata, the README's run-time table), the lab launcher (``lab``), the handout
-that runs and renders the course (``handout``), and the swapping-in of reference answers
-(``answers``)."""
+that runs and renders the course (``handout``), the swapping-in of reference answers
+(``answers``), and the GPU memory each lesson needs, counted on a CPU (``memory``, with what it
+runs inside a lesson's kernel in ``live_memory``)."""

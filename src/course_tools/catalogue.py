@@ -10,11 +10,18 @@ lessons, the tests and the handout read::
     #     minutes:          # whole lesson, kernel start included, on the README's reference CPU
     #       cpu: 13.6
     #       smoke: 1.0
+    #     memory:           # peak of live tensor memory of the lesson's kernel, MiB
+    #       paper: 3136
+    #     process_memory:   # only a lesson that starts processes (11: torchrun): each one, MiB
+    #       paper: 180
     #     needs: any device, CPU included; ...   # what it takes to run every part
 
 ``python -m course_tools.catalogue table`` prints the README's table from these blocks (a test
 keeps the README equal to it), and ``python -m course_tools.catalogue record timings.json`` writes
 the minutes a ``pdm run handout --preset P`` run measured into the lessons' headers.
+``python -m course_tools.memory --record`` writes the memory figures, in MiB (2**20 bytes):
+measured on a CPU at the preset's sizes, they are what the lesson needs on a GPU, less what a
+CPU cannot see (docs/workshop.md).
 ``python -m course_tools.catalogue uses`` prints which lessons import each helper module, read
 from the lessons' import statements (no docstring keeps that list by hand).
 """
@@ -40,6 +47,7 @@ HELPER_PACKAGE = "amp_tutorial"
 TITLE_LINE = re.compile(r"^# # (\d\d) · (.+?)\s*$", re.MULTILINE)  # `# # 03 · Training with AMP`
 METADATA_KEY = "amp_tutorial"
 TABLE_PRESETS = ("smoke", "cpu")  # the presets the README's table gives a time for
+MEMORY_PRESET = "paper"  # the preset the README's table gives the memory of (a GPU's sizes)
 
 
 def notebooks_dir() -> Path:
@@ -90,6 +98,16 @@ class Lesson:
         return dict(self.metadata.get("minutes") or {})
 
     @property
+    def memory(self) -> dict[str, int]:
+        """Peak of live tensor memory of the lesson's kernel per preset, in MiB."""
+        return dict(self.metadata.get("memory") or {})
+
+    @property
+    def process_memory(self) -> dict[str, int]:
+        """For a lesson that starts processes of its own (torchrun), each one's peak, in MiB."""
+        return dict(self.metadata.get("process_memory") or {})
+
+    @property
     def needs(self) -> str:
         """What the lesson needs to run every part (all lessons run on a CPU)."""
         return str(self.metadata.get("needs") or "")
@@ -130,24 +148,49 @@ def format_minutes(minutes: float | None) -> str:
     return f"{minutes:.1f} min" if minutes >= 1 else f"{round(minutes * 60)} s"
 
 
+def format_memory(lesson: Lesson, preset: str = MEMORY_PRESET) -> str:
+    """The lesson's memory at ``preset`` as the README's table shows it."""
+    mib = lesson.memory.get(preset)
+    if mib is None:
+        return "not measured"
+    process = lesson.process_memory.get(preset)
+    return f"{mib} MiB" + (f" + {process} MiB per DDP process" if process is not None else "")
+
+
 def run_time_table(lessons: Sequence[Lesson]) -> str:
     """The README's Markdown table: each lesson's run time per preset and what it needs.
     """
     head = ["lesson", *(f"`{p}`" for p in TABLE_PRESETS), "needs"]
+    head.insert(-1, f"memory at `{MEMORY_PRESET}`")  # course_tools.memory's column
     rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for lesson in lessons:
         times = [format_minutes(lesson.minutes.get(p)) for p in TABLE_PRESETS]
+        times.append(format_memory(lesson))  # the memory column, before "needs"
         rows.append(f"| `{lesson.path.name}` | " + " | ".join(times) + f" | {lesson.needs} |")
     return "\n".join(rows) + "\n"
+
+
+def _record(path: Path, key: str, preset: str, value: float | int) -> None:
+    """Write ``amp_tutorial.<key>.<preset> = value`` into the lesson's header; the rest of the file
+    is unchanged. The one writer of the headers."""
+    notebook = jupytext.read(path)
+    block = notebook.metadata.setdefault(METADATA_KEY, {})
+    block.setdefault(key, {})[preset] = value
+    jupytext.write(notebook, path, fmt="py:percent")
 
 
 def record_minutes(path: Path, preset: str, seconds: float) -> None:
     """Write a measured run time into the lesson's header (the rest of the file is unchanged).
     """
-    notebook = jupytext.read(path)
-    block = notebook.metadata.setdefault(METADATA_KEY, {})
-    block.setdefault("minutes", {})[preset] = round(seconds / 60, 1)
-    jupytext.write(notebook, path, fmt="py:percent")
+    _record(path, "minutes", preset, round(seconds / 60, 1))
+
+
+def record_memory(path: Path, preset: str, mib: int, key: str = "memory") -> None:
+    """Write a measured peak of live tensor memory, in MiB, into the lesson's header; ``key``
+    ``process_memory`` for each process a lesson starts (``course_tools.memory``)."""
+    if key not in ("memory", "process_memory"):
+        raise ValueError(f"no memory figure {key!r} in a lesson's header")
+    _record(path, key, preset, int(mib))
 
 
 def imported_modules(path: Path, package: str = HELPER_PACKAGE) -> set[str]:

@@ -16,6 +16,15 @@ without output. The code cell right after an exercise cell checks the answer; it
 give the answer away (the quiz checker explains each right answer), so it is left out, and a note
 under the exercise cell says so.
 
+On a GPU (CUDA, ROCm or XPU) each lesson's kernel also records the allocator's
+``max_memory_allocated`` over the whole lesson, also across the resets the lesson makes before each
+run it measures (``course_tools.live_memory.AllocatorPeak``, in a cell of the handout's own before
+and after the lesson's, not kept in the page), into ``timings.json`` as ``max_memory_allocated``:
+bytes per device used (``{"cuda:0": ...}``), null on a CPU, which has no such statistics. The
+instructor's dry run at ``paper`` the day before thus gives each lesson's real peak to size the
+class with (``docs/workshop.md``). This GPU path has not run yet: no GPU was available
+(``docs/gpu-register.md``).
+
 Progress bars (``tqdm.auto``) are live widgets; a static page has no widget runtime, so their
 outputs are dropped. A lesson that raises stops the run with the lesson and cell named
 (``--keep-going`` renders the failed page with its traceback, goes on, and still exits 1).
@@ -48,6 +57,7 @@ from tqdm.auto import tqdm
 from amp_tutorial.presets import PRESET_ENV, VALID_NAMES, get_preset
 from course_tools.answers import is_exercise, use_solutions
 from course_tools.catalogue import LESSON_GLOB, Lesson, find_lessons, notebooks_dir, select_lessons
+from course_tools.live_memory import read_result
 
 DEFAULT_PRESET = "auto"
 DEFAULT_OUT = Path("artifacts") / "handout"
@@ -71,15 +81,35 @@ EXERCISE_NOTE = (
 
 @dataclass
 class LessonRun:
-    """What rendering one lesson gave: its run time, and the error that stopped it, if any."""
+    """What rendering one lesson gave: its run time, the error that stopped it, if any, and on a
+    GPU the allocator's peak over the whole lesson (``max_memory_allocated``, bytes per device)."""
 
     lesson: Lesson
     seconds: float
     error: str | None = None
+    max_memory_allocated: dict[str, int] | None = None
 
 
 class LessonFailedError(RuntimeError):
     """A lesson raised while it ran; the message names the lesson and the cell."""
+
+
+@dataclass
+class CellError:
+    """A code cell that raised: its index in ``notebook.cells``, what it raised, the whole text."""
+
+    index: int
+    what: str  # "AssertionError: ..." or "CellTimeoutError: ..."
+    message: str  # with the traceback, colours removed
+
+
+@dataclass
+class KernelRun:
+    """What running a notebook's code cells in a fresh kernel gave."""
+
+    seconds: float  # kernel start and shutdown included
+    errors: list[CellError]
+    epilogue: str | None  # what the epilogue cell printed; None without one or a live kernel
 
 
 def kernel_env(preset: str) -> dict[str, str]:
@@ -87,46 +117,100 @@ def kernel_env(preset: str) -> dict[str, str]:
     return {**os.environ, PRESET_ENV: preset, "MPLBACKEND": INLINE_BACKEND}
 
 
-def _describe_cell(notebook: NotebookNode, index: int) -> str:
+def describe_cell(notebook: NotebookNode, index: int) -> str:
     code = [i for i, cell in enumerate(notebook.cells) if cell.cell_type == "code"]
     first_line = next(iter(notebook.cells[index].source.splitlines()), "")
     return f"code cell {code.index(index) + 1} of {len(code)} (starting {first_line!r})"
 
 
+def read_with_answers(lesson: Lesson) -> tuple[NotebookNode, dict[int, str]]:
+    """The lesson as a notebook with the reference answers in its exercise cells, and the
+    learner's sources of those cells (``course_tools.answers``)."""
+    notebook = jupytext.read(lesson.path)
+    return notebook, use_solutions(notebook, lesson.path.parent.parent / "solutions")
+
+
+def run_notebook(notebook: NotebookNode, folder: Path, env: dict[str, str], timeout: int,
+                 desc: str, stop_at_error: bool = True, prologue: str = "",
+                 epilogue: str = "") -> KernelRun:
+    """Run the notebook's code cells in order in a fresh ``python3`` kernel started in ``folder``.
+
+    ``stop_at_error``: stop at the first cell that raises; otherwise run every cell and collect
+    each error. A ``prologue`` runs before the first cell and an ``epilogue`` after the last (also
+    after an error), as cells of their own that the notebook does not keep: the course's tools
+    use them to measure the lesson. They must not raise.
+    """
+    cells = notebook.cells
+    before = [nbformat.v4.new_code_cell(prologue)] if prologue else []
+    after = [nbformat.v4.new_code_cell(epilogue)] if epilogue else []
+    notebook.cells = [*before, *cells, *after]
+    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(folder)}},
+                            store_widget_state=False)
+    errors: list[CellError] = []
+    printed = None
+    start = time.perf_counter()
+    try:
+        with client.setup_kernel(env=env):
+            for cell in before:
+                client.execute_cell(cell, 0)
+            alive = True
+            code = [i for i, cell in enumerate(cells) if cell.cell_type == "code"]
+            for index in tqdm(code, desc=desc, unit="cell", leave=False):
+                cell = cells[index]
+                try:
+                    client.execute_cell(cell, index + len(before))
+                except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
+                    what = f"{exc.ename}: {exc.evalue}" if isinstance(exc, CellExecutionError) \
+                        else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+                    errors.append(CellError(index, what, ANSI_ESCAPE.sub("", str(exc))))
+                    alive = not isinstance(exc, DeadKernelError)
+                    if stop_at_error or not alive:
+                        break
+            for cell in after if alive else []:
+                client.execute_cell(cell, len(notebook.cells) - 1)
+                printed = "".join(o.get("text", "") for o in cell.outputs
+                                  if o.output_type == "stream")
+    finally:
+        notebook.cells = cells
+    return KernelRun(round(time.perf_counter() - start, 2), errors, printed)
+
+
+# Run in the lesson's kernel on a GPU: the allocator's peak over the whole lesson
+# (course_tools.live_memory.AllocatorPeak), read back from the epilogue's output.
+ALLOCATOR_PROLOGUE = ("from course_tools.live_memory import AllocatorPeak as _CourseAllocatorPeak\n"
+                      "_course_allocator_peak = _CourseAllocatorPeak().install()")
+ALLOCATOR_EPILOGUE = ("from course_tools.live_memory import print_result as _course_print\n"
+                      "_course_print(_course_allocator_peak.read())")
+
+
 def execute_lesson(lesson: Lesson, preset: str, timeout: int = CELL_TIMEOUT_S,
-                   keep_going: bool = False) -> tuple[NotebookNode, LessonRun]:
+                   keep_going: bool = False,
+                   allocator_peak: bool = False) -> tuple[NotebookNode, LessonRun]:
     """Run the lesson top to bottom in a fresh kernel; return the executed notebook and its time.
 
     Raises LessonFailedError at the first cell that raises, unless ``keep_going``: then the run
-    stops there too, and the returned notebook shows the traceback.
+    stops there too, and the returned notebook shows the traceback. ``allocator_peak`` (on a GPU)
+    also reads the allocator's peak over the whole lesson, in the kernel.
     """
-    notebook = jupytext.read(lesson.path)
-    learner = use_solutions(notebook, lesson.path.parent.parent / "solutions")
-    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(lesson.path.parent)}},
-                            store_widget_state=False)
-    code_cells = [i for i, cell in enumerate(notebook.cells) if cell.cell_type == "code"]
+    notebook, learner = read_with_answers(lesson)
+    run = run_notebook(notebook, lesson.path.parent, kernel_env(preset), timeout, lesson.name,
+                       prologue=ALLOCATOR_PROLOGUE if allocator_peak else "",
+                       epilogue=ALLOCATOR_EPILOGUE if allocator_peak else "")
     error = None
-    start = time.perf_counter()
-    with client.setup_kernel(env=kernel_env(preset)):
-        for index in tqdm(code_cells, desc=lesson.name, unit="cell", leave=False):
-            try:
-                client.execute_cell(notebook.cells[index], index)
-            except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
-                what = f"{exc.ename}: {exc.evalue}" if isinstance(exc, CellExecutionError) \
-                    else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-                error = f"{lesson.path.name} failed in {_describe_cell(notebook, index)}: {what}"
-                if not keep_going:
-                    raise LessonFailedError(f"{error}\n\n{ANSI_ESCAPE.sub('', str(exc))}") from None
-                break
-    seconds = round(time.perf_counter() - start, 2)  # as timings.json and the index give it
+    if run.errors:
+        first = run.errors[0]
+        error = f"{lesson.path.name} failed in {describe_cell(notebook, first.index)}: {first.what}"
+        if not keep_going:
+            raise LessonFailedError(f"{error}\n\n{first.message}")
     show_learner_cells(notebook, learner)
     for cell in notebook.cells:
         if cell.cell_type == "code":
             cell.outputs = [o for o in cell.outputs if WIDGET_MIME not in o.get("data", {})]
     notebook.metadata.pop("widgets", None)
     notebook.metadata["title"] = lesson.heading
-    return notebook, LessonRun(lesson, seconds, error)
+    peak = read_result(run.epilogue or "") if allocator_peak else None
+    return notebook, LessonRun(lesson, run.seconds, error, peak)
 
 
 def show_learner_cells(notebook: NotebookNode, learner: dict[int, str]) -> None:
@@ -224,13 +308,15 @@ time, kernel start included; {len(runs)} lessons, {total} in all.</p>
 """
 
 
-def device_and_torch() -> tuple[str, str]:
-    """The device the lessons' kernels pick (same environment, same rule) and torch's version."""
+def device_and_torch() -> tuple[str, str, bool]:
+    """The device the lessons' kernels pick (same environment, same rule), torch's version, and
+    whether that device's allocator keeps peak statistics (CUDA/ROCm, XPU)."""
     import torch
 
     from amp_tutorial.device import select_device
 
-    return str(select_device()), torch.__version__
+    info = select_device()
+    return str(info), torch.__version__, info.type in ("cuda", "xpu")
 
 
 def render_handout(out: Path, preset: str = DEFAULT_PRESET, notebooks: Path | None = None,
@@ -244,10 +330,10 @@ def render_handout(out: Path, preset: str = DEFAULT_PRESET, notebooks: Path | No
     chosen = select_lessons(lessons, wanted) if wanted else lessons
     out.mkdir(parents=True, exist_ok=True)
     preset = get_preset(preset).name  # `auto` as this machine resolves it, for the headers' minutes
-    device, torch_version = device_and_torch()
+    device, torch_version, on_gpu = device_and_torch()
     runs = []
     for lesson in tqdm(chosen, desc=f"handout ({preset})", unit="lesson"):
-        notebook, run = execute_lesson(lesson, preset, timeout, keep_going)
+        notebook, run = execute_lesson(lesson, preset, timeout, keep_going, allocator_peak=on_gpu)
         nbformat.write(notebook, out / f"{lesson.name}.ipynb")  # for Jupyter users
         add_navigation(notebook, chosen, lesson)
         (out / lesson.page).write_text(render_page(notebook), encoding="utf-8")
@@ -259,6 +345,8 @@ def render_handout(out: Path, preset: str = DEFAULT_PRESET, notebooks: Path | No
         "python": platform.python_version(), "machine": platform.machine(),
         "seconds": {run.lesson.name: run.seconds for run in runs},
         "failed": {run.lesson.name: run.error for run in runs if run.error},
+        # bytes per device ("cuda:0"), the allocator's peak over the whole lesson; null on a CPU
+        "max_memory_allocated": {run.lesson.name: run.max_memory_allocated for run in runs},
     }
     (out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n", encoding="utf-8")
     return runs

@@ -7,6 +7,7 @@ import jupytext
 import pytest
 
 from course_tools.catalogue import (
+    MEMORY_PRESET,
     find_lessons,
     format_minutes,
     read_lesson,
@@ -35,6 +36,15 @@ def test_every_lesson_says_its_run_time_and_what_it_needs(lesson):
     assert set(lesson.minutes) <= {"smoke", "cpu", "paper"}, lesson.minutes
     assert all(minutes > 0 for minutes in lesson.minutes.values()), lesson.minutes
     assert lesson.needs.startswith(("any device", "2 processes")), lesson.needs
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda lesson: lesson.name)
+def test_every_lesson_says_the_memory_it_needs_at_paper(lesson):
+    """The peak of live tensor memory at the GPU's sizes, in whole MiB, as
+    `python -m course_tools.memory --record` wrote it."""
+    assert lesson.memory.get(MEMORY_PRESET, 0) > 0, f"{lesson.name}: no measured memory"
+    figures = [*lesson.memory.values(), *lesson.process_memory.values()]
+    assert all(isinstance(mib, int) and mib > 0 for mib in figures), figures
 
 
 def test_readme_table_is_made_from_the_lessons_metadata():

@@ -1,5 +1,6 @@
 """Measurement: per-step timing with warm-up, statistics, and exact saved-activation bytes."""
 
+import gc
 import math
 import os
 import time
@@ -142,6 +143,23 @@ def test_saved_activation_bytes_counts_what_backward_needs():
     x = torch.rand(1000, requires_grad=True)
     # exp saves its output (1000 fp32 = 4000 bytes); sum saves nothing
     assert saved_activation_bytes(lambda: x.exp().sum()) == 4000
+
+
+def test_saved_activation_bytes_leaves_nothing_alive():
+    """relu saves its own output; a pack hook that returned that tensor itself made a cycle
+    through the graph, and every call leaked what the forward saved (found by course_tools.memory:
+    lesson 03 kept 3.8 GB alive at paper)."""
+    x = torch.randn(64, 64, requires_grad=True)
+    outputs = []
+
+    def forward() -> torch.Tensor:
+        y = torch.relu(x)
+        outputs.append(weakref.ref(y))
+        return y.sum()
+
+    assert saved_activation_bytes(forward) == 64 * 64 * 4
+    gc.collect()
+    assert outputs[0]() is None, "the saved output is still alive after the count"
 
 
 def test_saved_activation_bytes_counts_each_storage_once_by_identity():

@@ -1,0 +1,32 @@
+"""``pdm run handout`` without a browser: what ``timings.json`` records on a CPU. The pages
+themselves are checked in a browser by ``tests/e2e/test_handout.py``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+
+from course_tools.handout import render_handout
+from tests.support import NOTEBOOKS
+
+
+def test_a_cpu_records_no_allocator_peak(tmp_path: Path) -> None:
+    """On a GPU each lesson's ``max_memory_allocated`` goes into timings.json; a CPU has no
+    allocator statistics, so the entry is null, not a number, and the lesson's cells are the
+    lesson's own."""
+    header = (NOTEBOOKS / "01_autocast_basics.py").read_text(encoding="utf-8").split("# %%")[0]
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    cells = "# %%\nimport torch\n\n# %%\nx = torch.ones(3)\n"
+    (notebooks / "01_tiny.py").write_text(header + "# %% [markdown]\n# # 01 · Tiny\n\n" + cells,
+                                          encoding="utf-8")
+    runs = render_handout(tmp_path / "out", "smoke", notebooks)
+    timings = json.loads((tmp_path / "out" / "timings.json").read_text())
+    assert timings["device"].startswith("cpu")
+    assert timings["max_memory_allocated"] == {"01_tiny": None}
+    assert runs[0].error is None and runs[0].max_memory_allocated is None
+    executed = nbformat.read(tmp_path / "out" / "01_tiny.ipynb", as_version=4)
+    assert [cell.source for cell in executed.cells if cell.cell_type == "code"] == [
+        "import torch", "x = torch.ones(3)"]
