@@ -66,10 +66,11 @@ PRESETS: dict[str, Preset] = {
                description="a CPU with native bf16 (avx512_bf16, AMX, Arm BF16): sized so that "
                            "bf16 beats fp32 and every lesson takes a few minutes on 2 cores",
                # `bench --preset cpu` on a 2-core AMD EPYC Zen 4 (avx512_bf16, no AMX), freed host
-               # memory kept (host_memory.py): ConvModel 132 -> 64 ms per training step (2.1x), 2.3x
-               # for inference; this transformer 506 -> 265 ms (1.9x), both runs at 1.0 held-out
-               # accuracy. A bf16 matmul peaks at twice fp32's rate there (VDPBF16PS does two
-               # multiply-adds per fp32 lane); AMX (Xeon since Sapphire Rapids) goes further.
+               # memory kept (host_memory.py), 2026-11-24: ConvModel 129.9 -> 64.8 ms per training
+               # step (2.00x), 2.18x for inference; this transformer 456 -> 266 ms (1.72x), both
+               # runs at 1.000 held-out accuracy (docs/benchmark.md). A bf16 matmul peaks at twice
+               # fp32's rate there (VDPBF16PS does two multiply-adds per fp32 lane); AMX (Xeon since
+               # Sapphire Rapids) goes further.
                transformer=TransformerSizes(d_model=512, n_layers=2, n_heads=4, seq_len=32,
                                             batch=64, n_symbols=16, steps=40, warmup=3,
                                             lr=1e-3, accuracy_target=0.9)),
