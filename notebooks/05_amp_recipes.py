@@ -46,7 +46,7 @@ from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, dtype_name, select_device
 from amp_tutorial.exercises.accumulation import check_train_accumulated
 from amp_tutorial.exercises.checkpoint_resume import check_save_and_load
-from amp_tutorial.models import ConvModel
+from amp_tutorial.models import seeded_conv_model
 from amp_tutorial.presets import get_preset
 
 # %%
@@ -73,8 +73,7 @@ work_dir = Path(scratch.name)  # the checkpoints go here
 
 def new_model(seed: int = 0) -> nn.Module:
     """The lesson-03 model, freshly initialised from ``seed``."""
-    torch.manual_seed(seed)
-    return ConvModel(preset.hidden, preset.n_hidden_layers).to(info.device)
+    return seeded_conv_model(preset, info.device, seed)
 
 
 def same_parameters(a: nn.Module, b: nn.Module, buffers: bool = True) -> bool:

@@ -42,7 +42,7 @@ from IPython.display import Markdown, display
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, dtype_name, select_device
 from amp_tutorial.exercises.train_loop import check_train_with_amp, train_fp32
-from amp_tutorial.models import ConvModel
+from amp_tutorial.models import seeded_conv_model
 from amp_tutorial.plots import plot_losses
 from amp_tutorial.presets import get_preset
 from amp_tutorial.quiz import check_quiz, quiz_markdown
@@ -162,8 +162,7 @@ loss_fn = torch.nn.MSELoss()
 
 
 def fresh_model_and_optimizer():
-    torch.manual_seed(0)
-    model = ConvModel(preset.hidden, preset.n_hidden_layers).to(info.device)
+    model = seeded_conv_model(preset, info.device)
     return model, torch.optim.Adam(model.parameters(), lr=1e-3)
 
 

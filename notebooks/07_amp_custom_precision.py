@@ -48,7 +48,7 @@ from amp_tutorial.autocast_policy import (
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, dtype_name, select_device
 from amp_tutorial.exercises.contrastive_loss import check_contrastive_loss, make_cases
-from amp_tutorial.models import ConvModel
+from amp_tutorial.models import seeded_conv_model
 from amp_tutorial.presets import get_preset
 
 info = select_device()
@@ -65,8 +65,7 @@ loss_fn = nn.MSELoss()
 
 def new_model(seed: int = 0) -> nn.Module:
     """The lesson-03 model, freshly initialised from ``seed``."""
-    torch.manual_seed(seed)
-    return ConvModel(preset.hidden, preset.n_hidden_layers).to(info.device)
+    return seeded_conv_model(preset, info.device, seed)
 
 
 # %% [markdown]

@@ -42,7 +42,7 @@ from torch import nn
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, dtype_name, select_device, tf32_state
 from amp_tutorial.measure import saved_activation_bytes
-from amp_tutorial.models import ConvModel
+from amp_tutorial.models import seeded_conv_model
 from amp_tutorial.nonfinite import NonFiniteLossError, check_finite_loss, first_nonfinite_module
 from amp_tutorial.presets import get_preset
 
@@ -60,8 +60,7 @@ loss_fn = nn.MSELoss()
 
 def new_model(seed: int = 0) -> nn.Module:
     """The lesson-03 model, freshly initialised from ``seed``."""
-    torch.manual_seed(seed)
-    return ConvModel(preset.hidden, preset.n_hidden_layers).to(info.device)
+    return seeded_conv_model(preset, info.device, seed)
 
 
 # %% [markdown]

@@ -38,6 +38,13 @@ class ConvModel(nn.Module):
         return self.layers(x)
 
 
+def seeded_conv_model(preset: Preset, device: torch.device | str, seed: int = SEED) -> ConvModel:
+    """A ConvModel at the preset's sizes on ``device``, initialised from ``seed``: the same
+    weights on every call with the same seed."""
+    torch.manual_seed(seed)
+    return ConvModel(preset.hidden, preset.n_hidden_layers).to(device)
+
+
 class ModelCase(NamedTuple):
     """One of the course's two models with one batch of its data: a fresh, seeded model from
     ``make`` (same weights every call), ``inputs``, ``targets`` and its loss function.
@@ -58,9 +65,7 @@ def course_models(preset: Preset, device: torch.device | str) -> dict[str, Model
     tokens, token_targets = train[0]
 
     def make_conv() -> torch.nn.Module:
-        torch.manual_seed(SEED)
-        model = ConvModel(preset.hidden, preset.n_hidden_layers)
-        return model.to(device, memory_format=torch.channels_last)
+        return seeded_conv_model(preset, device).to(memory_format=torch.channels_last)
 
     def make_transformer() -> torch.nn.Module:
         torch.manual_seed(SEED)

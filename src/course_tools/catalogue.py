@@ -128,6 +128,15 @@ def find_lessons(notebooks: Path | None = None) -> list[Lesson]:
     return [read_lesson(path) for path in lesson_paths(notebooks)]
 
 
+def add_lesson_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--lessons NN ...`` and ``--notebooks DIR``, as every tool that runs lessons takes them
+    (``select_lessons`` reads the first, ``find_lessons`` the second)."""
+    parser.add_argument("--lessons", nargs="+", default=(), metavar="NN",
+                        help="only these lessons, by number (01 03) or file name")
+    parser.add_argument("--notebooks", type=Path, default=None,
+                        help="the lessons' folder (default: the checkout's notebooks/)")
+
+
 def select_lessons(lessons: Sequence[Lesson], wanted: Sequence[str]) -> list[Lesson]:
     """The lessons named by number (``03``), stem or file name, in course order.
     """

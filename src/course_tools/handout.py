@@ -56,7 +56,14 @@ from tqdm.auto import tqdm
 
 from amp_tutorial.presets import PRESET_ENV, VALID_NAMES, get_preset
 from course_tools.answers import is_exercise, use_solutions
-from course_tools.catalogue import LESSON_GLOB, Lesson, find_lessons, notebooks_dir, select_lessons
+from course_tools.catalogue import (
+    LESSON_GLOB,
+    Lesson,
+    add_lesson_arguments,
+    find_lessons,
+    notebooks_dir,
+    select_lessons,
+)
 from course_tools.live_memory import read_result
 
 DEFAULT_PRESET = "auto"
@@ -360,10 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"problem sizes the lessons run at (default {DEFAULT_PRESET})")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"output folder (default {DEFAULT_OUT})")
-    parser.add_argument("--lessons", nargs="+", default=(), metavar="NN",
-                        help="only these lessons, by number (01 03) or file name")
-    parser.add_argument("--notebooks", type=Path, default=None,
-                        help="the lessons' folder (default: the checkout's notebooks/)")
+    add_lesson_arguments(parser)
     parser.add_argument("--timeout", type=int, default=CELL_TIMEOUT_S,
                         help=f"seconds one cell may run (default {CELL_TIMEOUT_S})")
     parser.add_argument("--keep-going", action="store_true",

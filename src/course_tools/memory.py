@@ -55,6 +55,7 @@ from tqdm.auto import tqdm
 from amp_tutorial.presets import PRESETS
 from course_tools.catalogue import (
     Lesson,
+    add_lesson_arguments,
     find_lessons,
     notebooks_dir,
     record_memory,
@@ -223,10 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Peak live tensor memory of each lesson at a preset, measured on the CPU.")
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=list(PRESETS),
                         help=f"problem sizes (default {DEFAULT_PRESET}, a GPU's)")
-    parser.add_argument("--lessons", nargs="+", default=(), metavar="NN",
-                        help="only these lessons, by number (03 12) or file name")
-    parser.add_argument("--notebooks", type=Path, default=None,
-                        help="the lessons' folder (default: the checkout's notebooks/)")
+    add_lesson_arguments(parser)
     parser.add_argument("--steps", type=int, default=None,
                         help=f"training steps per run (default {StepCaps.steps}, or more where a "
                              "lesson's asserts need them: ASSERT_STEPS)")

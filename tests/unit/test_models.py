@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from amp_tutorial.models import ConvModel, course_models
+from amp_tutorial.models import ConvModel, course_models, seeded_conv_model
 from amp_tutorial.presets import get_preset
 
 
@@ -45,3 +45,13 @@ def test_course_models_give_fresh_identical_models_on_their_own_data():
     assert seq.inputs.shape == (preset.transformer.batch, preset.transformer.seq_len)
     loss = seq.loss_fn(seq.make()(seq.inputs), seq.targets)
     assert loss.ndim == 0 and torch.isfinite(loss)
+
+
+def test_seeded_conv_model_repeats_its_weights_per_seed_at_the_presets_sizes():
+    preset = get_preset("smoke")
+    first, again, other = (seeded_conv_model(preset, "cpu", seed) for seed in (3, 3, 4))
+    convs = [m for m in first.layers if isinstance(m, nn.Conv2d)]
+    assert len(convs) == preset.n_hidden_layers + 2 and convs[0].out_channels == preset.hidden
+    pairs = zip(first.parameters(), again.parameters(), strict=True)
+    assert all(torch.equal(x, y) for x, y in pairs)
+    assert not torch.equal(first.layers[0].weight, other.layers[0].weight)
