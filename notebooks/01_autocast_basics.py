@@ -5,6 +5,7 @@
 #       paper: 3
 #     minutes:
 #       cpu: 0.2
+#       small: 0.2
 #       smoke: 0.2
 #     needs: any device, CPU included (other devices' autocast lists are probed on fake
 #       tensors)

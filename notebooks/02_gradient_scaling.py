@@ -5,6 +5,7 @@
 #       paper: 436
 #     minutes:
 #       cpu: 0.3
+#       small: 0.2
 #       smoke: 0.2
 #     needs: any device, CPU included; fp16 gradients are measured on the GPU where
 #       there is one

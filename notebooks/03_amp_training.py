@@ -5,6 +5,7 @@
 #       paper: 2056
 #     minutes:
 #       cpu: 0.5
+#       small: 0.4
 #       smoke: 0.2
 #     needs: any device, CPU included; allocator peak memory on a GPU
 #   jupytext:

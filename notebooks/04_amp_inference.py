@@ -5,6 +5,7 @@
 #       paper: 2054
 #     minutes:
 #       cpu: 0.4
+#       small: 0.2
 #       smoke: 0.2
 #     needs: any device, CPU included; allocator peak memory on a GPU
 #   jupytext:

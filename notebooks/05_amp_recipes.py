@@ -5,6 +5,7 @@
 #       paper: 158
 #     minutes:
 #       cpu: 0.4
+#       small: 1.1
 #       smoke: 0.2
 #     needs: any device, CPU included
 #   jupytext:

@@ -5,6 +5,7 @@
 #       paper: 2458
 #     minutes:
 #       cpu: 0.2
+#       small: 0.3
 #       smoke: 0.2
 #     needs: any device, CPU included; `binary_cross_entropy` is refused only on CUDA,
 #       ROCm or XPU

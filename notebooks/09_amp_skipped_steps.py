@@ -5,6 +5,7 @@
 #       paper: 70
 #     minutes:
 #       cpu: 0.3
+#       small: 0.2
 #       smoke: 0.2
 #     needs: any device, CPU included
 #   jupytext:

@@ -5,6 +5,7 @@
 #       paper: 2
 #     minutes:
 #       cpu: 0.2
+#       small: 0.2
 #       smoke: 0.2
 #     needs: any device, CPU included
 #   jupytext:

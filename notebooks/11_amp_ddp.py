@@ -5,6 +5,7 @@
 #       paper: 1
 #     minutes:
 #       cpu: 0.3
+#       small: 0.2
 #       smoke: 0.3
 #     needs: '2 processes: a CPU (Gloo), or 2 GPUs (NCCL/RCCL)'
 #     process_memory:

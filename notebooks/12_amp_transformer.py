@@ -5,6 +5,7 @@
 #       paper: 3463
 #     minutes:
 #       cpu: 0.8
+#       small: 0.5
 #       smoke: 0.3
 #     needs: any device, CPU included; CUDA's float32 list on an NVIDIA GPU
 #   jupytext:

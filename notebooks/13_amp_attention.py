@@ -5,6 +5,7 @@
 #       paper: 1009
 #     minutes:
 #       cpu: 0.2
+#       small: 0.2
 #       smoke: 0.2
 #     needs: any device, CPU included; SDPA kernels per dtype on an NVIDIA GPU
 #   jupytext:

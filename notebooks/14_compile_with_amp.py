@@ -5,6 +5,7 @@
 #       paper: 5771
 #     minutes:
 #       cpu: 2.0
+#       small: 1.2
 #       smoke: 0.3
 #     needs: any device, CPU included; torch.compile on a CPU needs a C++ compiler
 #   jupytext:

@@ -5,6 +5,7 @@
 #       paper: 1162
 #     minutes:
 #       cpu: 0.4
+#       small: 0.6
 #       smoke: 0.2
 #     needs: any device, CPU included
 #   jupytext:

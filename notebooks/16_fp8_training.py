@@ -5,6 +5,7 @@
 #       paper: 5
 #     minutes:
 #       cpu: 0.1
+#       small: 0.1
 #       smoke: 0.1
 #     needs: 'any device, CPU included; FP8 training: NVIDIA compute capability 8.9+
 #       or AMD MI300+, with torchao (`pdm install -G fp8`)'

@@ -5,6 +5,7 @@
 #       paper: 3517
 #     minutes:
 #       cpu: 0.3
+#       small: 0.2
 #       smoke: 0.2
 #     needs: 'any device, CPU included; memory snapshot: a CUDA or ROCm GPU; TF32 baseline:
 #       NVIDIA compute capability 8.0+'

@@ -119,6 +119,16 @@ def onednn_bf16() -> bool | None:
         return None
 
 
+def cpu_bf16_native(flags: tuple[str, ...] | None) -> bool | None:
+    """Whether bf16 runs natively on this CPU, from its bf16 ``flags`` (``cpu_bf16_flags``): the
+    instructions are there and PyTorch's oneDNN bf16 kernels are on. With the flags but oneDNN
+    capped below them (``ONEDNN_MAX_CPU_ISA=AVX2``, as an instructor rehearses an older laptop),
+    bf16 matmuls take ATen's reference gemm as on an AVX2-only CPU. None: no flags to read."""
+    if flags is None:
+        return None
+    return bool(flags) and onednn_bf16() is not False
+
+
 def _cpu_bf16_note(flags: tuple[str, ...] | None) -> str:
     capability = torch.backends.cpu.get_cpu_capability()
     small = ("; so the `auto` preset is `small` here, sized for slow bf16 runs; on a CPU with "
@@ -126,9 +136,15 @@ def _cpu_bf16_note(flags: tuple[str, ...] | None) -> str:
     if flags is None:
         return (f"native bf16 on this CPU: unknown (no /proc/cpuinfo; torch CPU kernels: "
                 f"{capability}){small}")
-    if flags:
+    if flags and cpu_bf16_native(flags):
         return (f"native bf16 on this CPU: yes ({', '.join(flags)}; torch CPU kernels: "
                 f"{capability}), so the `auto` preset is `cpu`")
+    if flags:
+        capped = os.environ.get("ONEDNN_MAX_CPU_ISA")
+        return (f"native bf16 on this CPU: no, in this process: the CPU has {', '.join(flags)}, "
+                f"but oneDNN's bf16 kernels are off (ONEDNN_MAX_CPU_ISA={capped or 'unset'}; "
+                f"torch CPU kernels: {capability}): bf16 matmuls fall back to ATen's reference "
+                f"gemm, as on an AVX2-only CPU{small}")
     text = (f"native bf16 on this CPU: no (none of the flags {', '.join(CPU_BF16_FLAGS)}; torch "
             f"CPU kernels: {capability})")
     if onednn_bf16() is False:
@@ -268,7 +284,7 @@ def _bf16_support(device: torch.device) -> tuple[bool | None, tuple[str, ...]]:
     """Whether ``device`` computes bf16 natively, and a note saying how that was decided."""
     if device.type == "cpu":
         flags = cpu_bf16_flags()
-        return (None if flags is None else bool(flags)), (_cpu_bf16_note(flags),)
+        return cpu_bf16_native(flags), (_cpu_bf16_note(flags),)
     if device.type == "cuda":
         if _cuda_bf16_native(device):
             return True, ()

@@ -110,16 +110,17 @@ def auto_preset(device_type: str, cpu_native_bf16: bool | None) -> str:
 def get_preset(name: str | None = None, device_type: str | None = None) -> Preset:
     """Return the preset called ``name`` (or ``$AMP_TUTORIAL_PRESET``, or ``auto``).
 
-    ``auto`` resolves with :func:`auto_preset`; on a CPU it reads the CPU's bf16 flags.
+    ``auto`` resolves with :func:`auto_preset`; on a CPU it reads the CPU's bf16 flags and asks
+    whether PyTorch's oneDNN bf16 kernels are on (``device.cpu_bf16_native``).
     """
     chosen = (name or os.environ.get(PRESET_ENV) or "auto").strip().lower()
     if chosen == "auto":
-        from amp_tutorial.device import cpu_bf16_flags, select_device
+        from amp_tutorial.device import cpu_bf16_flags, cpu_bf16_native, select_device
 
         if device_type is None:
             device_type = select_device().type
-        flags = cpu_bf16_flags() if device_type == "cpu" else None
-        chosen = auto_preset(device_type, None if flags is None else bool(flags))
+        native = cpu_bf16_native(cpu_bf16_flags()) if device_type == "cpu" else None
+        chosen = auto_preset(device_type, native)
     if chosen not in PRESETS:
         source = "argument" if name else f"${PRESET_ENV}"
         raise UnknownPresetError(

@@ -46,7 +46,7 @@ LESSON_GLOB = "[0-9][0-9]_*.py"  # the same files, for a glob (LESSON_NAME still
 HELPER_PACKAGE = "amp_tutorial"
 TITLE_LINE = re.compile(r"^# # (\d\d) · (.+?)\s*$", re.MULTILINE)  # `# # 03 · Training with AMP`
 METADATA_KEY = "amp_tutorial"
-TABLE_PRESETS = ("smoke", "cpu")  # the presets the README's table gives a time for
+TABLE_PRESETS = ("smoke", "small", "cpu")  # the presets the README's table gives a time for
 MEMORY_PRESET = "paper"  # the preset the README's table gives the memory of (a GPU's sizes)
 
 

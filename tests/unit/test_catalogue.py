@@ -33,7 +33,7 @@ def test_every_lesson_says_its_run_time_and_what_it_needs(lesson):
     """Every lesson has a measured `smoke` time (the test suite's size); other presets' times are
     positive where given (the README says "not measured" elsewhere)."""
     assert lesson.minutes.get("smoke", 0) > 0, f"{lesson.name}: no measured smoke time"
-    assert set(lesson.minutes) <= {"smoke", "cpu", "paper"}, lesson.minutes
+    assert set(lesson.minutes) <= {"smoke", "small", "cpu", "paper"}, lesson.minutes
     assert all(minutes > 0 for minutes in lesson.minutes.values()), lesson.minutes
     assert lesson.needs.startswith(("any device", "2 processes")), lesson.needs
 

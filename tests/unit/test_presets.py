@@ -1,5 +1,10 @@
 """Presets: the seed's sizes, auto selection by what the machine can do, and a helpful error."""
 
+import os
+import platform
+import subprocess
+import sys
+
 import pytest
 
 from amp_tutorial import device
@@ -15,16 +20,24 @@ CPUINFO = {
 }
 
 
+# whether PyTorch's oneDNN runs bf16 on each kind (it needs avx512bw/vl/dq on x86, bf16 on Arm)
+ONEDNN_BF16 = {"xeon_amx": True, "epyc_zen4": True, "epyc_zen3_avx2": False, "arm_bf16": True,
+               "arm_no_bf16": False, None: None}
+
+
 @pytest.fixture
 def cpu_kind(tmp_path, monkeypatch):
-    """Point the course at another CPU's /proc/cpuinfo (None: a machine without one)."""
+    """Point the course at another CPU's /proc/cpuinfo (None: a machine without one), with
+    oneDNN's bf16 kernels on or off as on that CPU, or as ``onednn`` says."""
     monkeypatch.delenv(PRESET_ENV, raising=False)
 
-    def use(kind: str | None) -> None:
+    def use(kind: str | None, onednn: bool | None = None) -> None:
         path = tmp_path / "cpuinfo"
         if kind is not None:
             path.write_text(f"processor\t: 0\n{CPUINFO[kind]}")
         monkeypatch.setattr(device, "CPUINFO", str(path))
+        on = ONEDNN_BF16[kind] if onednn is None else onednn
+        monkeypatch.setattr(device, "onednn_bf16", lambda: on)
     return use
 
 
@@ -67,6 +80,30 @@ def test_the_device_line_says_which_preset_auto_picks_and_why(cpu_kind, kind, sa
     text = device.describe_device(device.select_device("cpu"))
     assert says in text
     assert ("on a CPU with native bf16 it is `cpu`" in text) is (kind != "epyc_zen4")
+
+
+def test_bf16_flags_with_onednn_capped_count_as_emulated(cpu_kind):
+    """ONEDNN_MAX_CPU_ISA=AVX2 on a Zen 4: the instructions are there, PyTorch does not use them."""
+    cpu_kind("epyc_zen4", onednn=False)
+    assert get_preset("auto", "cpu").name == "small"
+    info = device.select_device("cpu")
+    text = device.describe_device(info)
+    assert info.native_bf16 is False
+    assert "the CPU has avx512_bf16, but oneDNN's bf16 kernels are off" in text
+    assert "so the `auto` preset is `small` here" in text
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="an x86 oneDNN cap")
+def test_capping_onednn_at_avx2_makes_this_cpu_emulate_bf16():
+    """The rehearsal docs/devices.md gives, in a real process: oneDNN's bf16 path goes off and
+    ``auto`` picks ``small``, whatever this CPU has."""
+    code = ("from amp_tutorial import device; from amp_tutorial.presets import get_preset; "
+            "print(device.onednn_bf16(), get_preset('auto', 'cpu').name)")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    env.pop(PRESET_ENV, None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "small"]
 
 
 def test_environment_overrides_auto(monkeypatch):
