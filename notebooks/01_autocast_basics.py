@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
+#       cpu: 3
 #       paper: 3
 #     minutes:
 #       cpu: 0.2

@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
+#       cpu: 110
 #       paper: 436
 #     minutes:
 #       cpu: 0.3

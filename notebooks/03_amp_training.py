@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
+#       cpu: 258
 #       paper: 2056
 #     minutes:
 #       cpu: 0.5

@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
+#       cpu: 258
 #       paper: 2054
 #     minutes:
 #       cpu: 0.4

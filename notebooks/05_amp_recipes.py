@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
+#       cpu: 75
 #       paper: 158
 #     minutes:
 #       cpu: 0.4

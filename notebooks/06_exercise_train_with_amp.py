@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
+#       cpu: 67
 #       paper: 522
 #     minutes:
 #       cpu: 0.3

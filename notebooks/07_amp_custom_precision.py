@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
+#       cpu: 311
 #       paper: 2458
 #     minutes:
 #       cpu: 0.2

@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
+#       cpu: 359
 #       paper: 2844
 #     minutes:
 #       cpu: 0.6

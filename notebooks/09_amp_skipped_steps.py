@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
+#       cpu: 18
 #       paper: 70
 #     minutes:
 #       cpu: 0.3

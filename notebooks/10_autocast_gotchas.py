@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
+#       cpu: 2
 #       paper: 2
 #     minutes:
 #       cpu: 0.2

@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
+#       cpu: 1
 #       paper: 1
 #     minutes:
 #       cpu: 0.3
@@ -9,6 +10,7 @@
 #       smoke: 0.3
 #     needs: '2 processes: a CPU (Gloo), or 2 GPUs (NCCL/RCCL)'
 #     process_memory:
+#       cpu: 18
 #       paper: 136
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version

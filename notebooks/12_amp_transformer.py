@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
+#       cpu: 234
 #       paper: 3463
 #     minutes:
 #       cpu: 0.8

@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
+#       cpu: 40
 #       paper: 1009
 #     minutes:
 #       cpu: 0.2

@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
+#       cpu: 163
 #       paper: 1162
 #     minutes:
 #       cpu: 0.4

@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
+#       cpu: 2
 #       paper: 5
 #     minutes:
 #       cpu: 0.1

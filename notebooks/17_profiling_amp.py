@@ -2,6 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
+#       cpu: 323
 #       paper: 3517
 #     minutes:
 #       cpu: 0.3

@@ -74,8 +74,9 @@ def test_every_cell_runs_and_each_that_raised_is_named(measured: dict) -> None:
 
 def test_record_writes_the_header_and_the_table_shows_it(measured: dict) -> None:
     lesson = read_lesson(measured["lesson"])
-    assert lesson.memory == {"paper": 12}
-    assert lesson.minutes == read_lesson(NOTEBOOKS / "01_autocast_basics.py").minutes
+    source = read_lesson(NOTEBOOKS / "01_autocast_basics.py")
+    assert lesson.memory == {**source.memory, "paper": 12}  # other presets' figures kept
+    assert lesson.minutes == source.minutes
     assert f"| {format_memory(lesson)} |" in run_time_table([lesson])
     assert "| 12 MiB |" in run_time_table([lesson])
     text = measured["lesson"].read_text()
@@ -88,8 +89,9 @@ def test_a_process_figure_is_shown_next_to_the_kernels(tmp_path: Path) -> None:
     shutil.copy(NOTEBOOKS / path.name, path)
     record_memory(path, "paper", 40)
     record_memory(path, "paper", 180, key="process_memory")
-    lesson = read_lesson(path)
-    assert (lesson.memory, lesson.process_memory) == ({"paper": 40}, {"paper": 180})
+    lesson, source = read_lesson(path), read_lesson(NOTEBOOKS / path.name)
+    assert lesson.memory == {**source.memory, "paper": 40}
+    assert lesson.process_memory == {**source.process_memory, "paper": 180}
     assert "| 40 MiB + 180 MiB per DDP process |" in run_time_table([lesson])
     with pytest.raises(ValueError, match="no memory figure 'minutes'"):
         record_memory(path, "paper", 1, key="minutes")
