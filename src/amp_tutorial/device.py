@@ -136,7 +136,7 @@ def _cpu_bf16_note(flags: tuple[str, ...] | None) -> str:
     if flags is None:
         return (f"native bf16 on this CPU: unknown (no /proc/cpuinfo; torch CPU kernels: "
                 f"{capability}){small}")
-    if flags and cpu_bf16_native(flags):
+    if cpu_bf16_native(flags):
         return (f"native bf16 on this CPU: yes ({', '.join(flags)}; torch CPU kernels: "
                 f"{capability}), so the `auto` preset is `cpu`")
     if flags:
