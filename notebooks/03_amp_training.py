@@ -304,8 +304,8 @@ best, speedup = speedups.idxmax(), speedups.max()
 if speedup > 1:
     faster = f"{1 - 1 / speedup:.0%} less time per step"
 elif info.type == "cpu" and info.native_bf16 is False:
-    faster = (f"{1 / speedup - 1:.0%} more time per step, because this CPU has no native bf16 "
-              "(no AVX512-BF16 or AMX), not because of the problem size")
+    faster = (f"{1 / speedup - 1:.0%} more time per step, because bf16 is not native here "
+              "(the device line says why), not because of the problem size")
 elif preset.name == "smoke":
     faster = f"{1 / speedup - 1:.0%} more time per step: the smoke preset is overhead-bound"
 else:

@@ -195,8 +195,8 @@ results.round(3)
 # a 2-core AVX2 EPYC that fallback ran about 4x slower than fp32 for the forward `x @ W.T`, and 34x
 # slower for the backward's `grad @ W`, so a training step took about 10x as long.
 # `get_cpu_capability()` cannot tell these cases apart (an AMX CPU reports "AVX512" too), so the
-# next cell prints what the course read from the CPU's flags (`info.native_bf16`) and whether
-# oneDNN's bf16 kernels run (`info.notes`).
+# next cell prints what the course read from the CPU's flags and oneDNN (`info.native_bf16`) and
+# whether oneDNN's bf16 kernels run (`info.notes`).
 
 # %%
 qkv_shape = (sizes.batch, config.n_heads, sizes.seq_len, config.d_model // config.n_heads)

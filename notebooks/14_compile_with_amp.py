@@ -78,8 +78,9 @@ print(f"ConvModel: {preset.grid}x{preset.grid} image, hidden {preset.hidden}; tr
 # the default backend). Autocast is traced too: its casts become ordinary nodes in the graph.
 # `make_fx` produces the same kind of ATen graph without compiling anything, so we can look at
 # it: one forward + loss of the ConvModel, traced with autocast off and on. It traces under
-# `torch.no_grad()`: traced while autograd records, the real tensors it ran on stayed alive after
-# the graph was gone (2.3 GiB at the `paper` size).
+# `torch.no_grad()`: traced while autograd recorded, the activations saved for a backward that
+# never runs stayed alive after the traced graph was gone, even after `gc.collect()` (torch 2.14:
+# 2.3 GiB at the `paper` size).
 
 # %%
 def aten_graph(autocast_on):

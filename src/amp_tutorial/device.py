@@ -85,6 +85,7 @@ def _cpu_name() -> str:
 # Arm's BF16 extension ("bf16" in the Features line).
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 CPUINFO = "/proc/cpuinfo"  # where Linux lists the CPU's flags (tests point it at other CPUs')
+ONEDNN_ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")  # oneDNN's cap, new and old names
 
 
 def cpu_bf16_flags(cpuinfo: str | None = None) -> tuple[str, ...] | None:
@@ -122,8 +123,9 @@ def onednn_bf16() -> bool | None:
 def cpu_bf16_native(flags: tuple[str, ...] | None) -> bool | None:
     """Whether bf16 runs natively on this CPU, from its bf16 ``flags`` (``cpu_bf16_flags``): the
     instructions are there and PyTorch's oneDNN bf16 kernels are on. With the flags but oneDNN
-    capped below them (``ONEDNN_MAX_CPU_ISA=AVX2``, as an instructor rehearses an older laptop),
-    bf16 matmuls take ATen's reference gemm as on an AVX2-only CPU. None: no flags to read."""
+    capped at an ISA without bf16 kernels (``ONEDNN_MAX_CPU_ISA=AVX2``, as an instructor rehearses
+    an older laptop), bf16 matmuls take ATen's reference gemm as on an AVX2-only CPU. None: no
+    flags to read."""
     if flags is None:
         return None
     return bool(flags) and onednn_bf16() is not False
@@ -140,9 +142,9 @@ def _cpu_bf16_note(flags: tuple[str, ...] | None) -> str:
         return (f"native bf16 on this CPU: yes ({', '.join(flags)}; torch CPU kernels: "
                 f"{capability}), so the `auto` preset is `cpu`")
     if flags:
-        capped = os.environ.get("ONEDNN_MAX_CPU_ISA")
+        caps = [f"{name}={os.environ[name]}" for name in ONEDNN_ISA_CAPS if os.environ.get(name)]
         return (f"native bf16 on this CPU: no, in this process: the CPU has {', '.join(flags)}, "
-                f"but oneDNN's bf16 kernels are off (ONEDNN_MAX_CPU_ISA={capped or 'unset'}; "
+                f"but oneDNN's bf16 kernels are off ({', '.join(caps) or 'no ISA cap set'}; "
                 f"torch CPU kernels: {capability}): bf16 matmuls fall back to ATen's reference "
                 f"gemm, as on an AVX2-only CPU{small}")
     text = (f"native bf16 on this CPU: no (none of the flags {', '.join(CPU_BF16_FLAGS)}; torch "
