@@ -230,7 +230,10 @@ assert torch.allclose(via_logits, torch.tensor(12.0), atol=1e-4)
 # autocast region that matmul runs in 16 bits (matmuls are on the lower-precision list of the
 # CPU and of CUDA, lesson 01), and two inputs show what that costs: unnormalised embeddings whose
 # dot products pass float16's largest value, 65504, and similarities that differ only a little
-# on top of a large common part (256), which 16-bit rounding erases.
+# on top of a large common part (256), which 16-bit rounding erases. After the matmul the CPU
+# runs `cross_entropy` in fp32 (it is on the CPU's fp32 list); CUDA has no rule for it, and it
+# calls `log_softmax` with the logits' own dtype, so on a GPU the log-probabilities are rounded to
+# 16 bits as well. Either way the damage is done by the 16-bit logits.
 
 # %%
 for case in make_cases():  # the two inputs the checker below uses
@@ -296,6 +299,15 @@ assert result.passed, "fix the problems listed above, re-run your cell, then thi
 # with the analytic gradient `tanh(x)`; it records the dtypes and autocast state it sees.
 
 # %%
+import math
+
+
+def log_cosh(diff: torch.Tensor) -> torch.Tensor:
+    """log(cosh(diff)) per element, in the stable form (no overflow of cosh for large |diff|)."""
+    return diff.abs() + torch.log1p(torch.exp(-2 * diff.abs())) - math.log(2)
+
+
+# %%
 class LogCosh(torch.autograd.Function):
     """mean(log(cosh(prediction - target))), computed in fp32 whatever autocast is doing."""
 
@@ -307,9 +319,7 @@ class LogCosh(torch.autograd.Function):
         LogCosh.seen["forward"] = (prediction.dtype, torch.is_autocast_enabled(info.type))
         diff = prediction - target
         ctx.save_for_backward(diff)
-        per_pixel = diff.abs() + torch.log1p(torch.exp(-2 * diff.abs())) - torch.log(
-            torch.tensor(2.0, device=diff.device))
-        return per_pixel.mean()
+        return log_cosh(diff).mean()
 
     @staticmethod
     @torch.amp.custom_bwd(device_type=info.type)
@@ -336,6 +346,34 @@ assert loss.dtype == torch.float32
 x = torch.randn(64, dtype=torch.float64, requires_grad=True)
 zeros = torch.zeros(64, dtype=torch.float64)
 assert torch.autograd.gradcheck(LogCosh.apply, (x, zeros))
+
+# %% [markdown]
+# What `cast_inputs` spares you depends on the device's lists. Here is the loss without it, on a
+# 16-bit prediction and target under each device's autocast, probed on fake tensors (lesson 01):
+# on a CPU every op stays in 16 bits; on CUDA, XPU and MPS `exp` and `log1p` are on the fp32 list
+# (`AT_FORALL_FP32` in `autocast_mode.h` for CUDA and XPU; MPS registers its own) and promotion
+# carries fp32 through the rest, but `prediction - target` and `abs` still run in 16 bits: the
+# difference is rounded before any fp32 op sees it.
+
+# %%
+from amp_tutorial.autocast_policy import autocast_flags, fake_tensors, trace_dtypes
+
+
+def loss_ops(device_type: str) -> list[tuple[str, str]]:
+    """The log-cosh loss's ops and output dtypes, on 16-bit inputs under that device's autocast."""
+    with fake_tensors(), autocast_flags(device_type, amp_dtype):
+        p, t = (torch.empty(4, 4, device=device_type, dtype=amp_dtype) for _ in range(2))
+        ops = trace_dtypes(lambda: log_cosh(p - t).mean())
+    return [(op.op, op.output) for op in ops if op.op != "_to_copy"]
+
+
+for device_type in ("cpu", "cuda", "xpu", "mps"):
+    ops = loss_ops(device_type)
+    print(f"{device_type:>4}: " + ", ".join(f"{op} {dtype}" for op, dtype in ops))
+    first = dict(reversed(ops))  # each op's first call: p - t, then |diff|
+    assert first["sub"] == first["abs"] == dtype_name(amp_dtype)  # 16-bit on every device
+    in_fp32 = {op for op, dtype in ops if dtype == "fp32"}
+    assert in_fp32 == (set() if device_type == "cpu" else {"exp", "log1p", "add", "sub", "mean"})
 
 # %% [markdown]
 # ## 3. Validation under autocast
@@ -385,8 +423,9 @@ assert abs(val_amp - val_fp32) <= 0.05 * val_fp32
 #    `(torch.bfloat16, True)` (`torch.float16` in fp16 mode), `backward` sees
 #    `(torch.float32, True)` (`custom_bwd` gives it forward's autocast state), and the forward
 #    assert fails. The loss is still float32 only because the fp32 target promotes
-#    `prediction - target`; with a 16-bit target, every op of the loss stays in 16 bits (probed on
-#    a CPU).
+#    `prediction - target`; with a 16-bit target, every op of the loss stays in 16 bits on a CPU,
+#    and on CUDA, XPU and MPS only `exp`, `log1p` and what follows them run in fp32 (the probe
+#    after `LogCosh`).
 # 3. **Backward inside the region.** In the cell after `LogCosh`, indent `loss.backward()` into the
 #    `with` block. Nothing changes: backward still sees `(torch.float32, False)`, because
 #    `custom_bwd` runs it with the autocast state `forward` had, which `cast_inputs` turned off.

@@ -10,6 +10,7 @@ state about autocast and the inputs.
 
 from __future__ import annotations
 
+import functools
 import runpy
 import warnings
 from collections.abc import Callable
@@ -20,7 +21,12 @@ import torch.nn.functional as F
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from amp_tutorial.autocast_policy import autocast_flags, fake_tensors
+from amp_tutorial.autocast_policy import (
+    autocast_flags,
+    fake_tensors,
+    has_autocast_kernel,
+    trace_dtypes,
+)
 from amp_tutorial.exercises import contrastive_loss as exercise
 from amp_tutorial.exercises.contrastive_loss import check_contrastive_loss
 from tests.support import SOLUTIONS
@@ -321,6 +327,36 @@ def test_cuda_autocast_lowers_matmuls_too_on_fake_tensors() -> None:
         with autocast_flags("cuda", torch.float16, enabled=False):
             low = a.half()
             assert (low @ low.T).dtype == torch.float16
+
+
+def test_the_naive_loss_takes_cudas_own_path_and_still_breaks() -> None:
+    """fp16 mode is not CUDA's path for the naive loss (gpu-register.md, lesson 07): the CPU has
+    an fp32 rule for cross_entropy_loss, CUDA none; cross_entropy_loss calls log_softmax with the
+    logits' dtype (LossNLL.cpp), so CUDA's fp32_set_opt_dtype rule leaves the log-probabilities
+    in float16 and only nll_loss runs in fp32. CUDA's dtypes, on the CPU's kernels, still break
+    the loss on both inputs."""
+    assert has_autocast_kernel("aten::cross_entropy_loss", "cpu")
+    assert not has_autocast_kernel("aten::cross_entropy_loss", "cuda")
+    ran = {}
+    for device in ("cpu", "cuda"):
+        with fake_tensors(), autocast_flags(device, torch.float16):
+            q, k = (torch.empty(16, 32, device=device, dtype=torch.float16) for _ in range(2))
+            ops = trace_dtypes(functools.partial(under_autocast, q, k, 1))
+        ran[device] = {op.op: op.output for op in ops
+                       if op.op in ("mm", "_log_softmax", "nll_loss_forward")}
+    assert ran == {"cpu": {"mm": "fp16", "_log_softmax": "fp32", "nll_loss_forward": "fp32"},
+                   "cuda": {"mm": "fp16", "_log_softmax": "fp16", "nll_loss_forward": "fp32"}}
+    large = exercise.CASES[0]
+    for case in exercise.CASES:
+        q, k = case.queries.half(), case.keys.half()
+        with torch.autocast("cpu", dtype=torch.float16):
+            logits = q @ k.T / case.temperature
+        cuda_path = F.nll_loss(F.log_softmax(logits, 1, dtype=torch.float16).float(), targets(q))
+        reference = exercise.reference_loss(q, k, case.temperature)
+        if case is large:
+            assert not cuda_path.isfinite()  # inf logits, NaN loss, as in fp16 mode
+        else:
+            assert abs(cuda_path - reference) > 0.01 * reference  # the lesson's "more than 1%"
 
 
 def test_old_cuda_spelling_is_autocast_for_cuda_and_warns() -> None:
