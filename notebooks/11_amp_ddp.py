@@ -8,7 +8,8 @@
 #       cpu: 0.3
 #       small: 0.2
 #       smoke: 0.3
-#     needs: '2 processes: a CPU (Gloo), or 2 GPUs (NCCL/RCCL)'
+#     needs: any device, CPU included; it always runs 2 CPU processes (Gloo); the multi-GPU
+#       command it shows needs 2+ GPUs (NCCL/RCCL, XCCL)
 #     process_memory:
 #       cpu: 18
 #       paper: 136
