@@ -180,23 +180,23 @@ results = pd.DataFrame({
 }).T
 results.round(3)
 
-# %% Checked on every device: each run learns the task (at least the preset's accuracy on [markdown]
-# sequences it never saw), AMP keeps at most 0.6 of fp32's saved-activation bytes, and its accuracy
-# is within one point of fp32's. The 0.6 holds where attention trains in a fused kernel; where SDPA
-# falls back to its math kernel for training (MPS, which has no fused kernel; ROCm GPUs without
-# AOTriton's), attention runs and saves in float32 even under autocast (lesson 13, section 2), and
-# the bound is 0.85. Time is reported, not asserted: at `smoke` and `small` bf16 is not expected to
-# win; at `cpu`, on a 2-core EPYC (Zen 4) with AVX512-BF16, `pdm run bench --model transformer`
-# measured bf16 training 1.72x faster than fp32 (docs/benchmark.md). On a CPU, bf16 is fast only
-# with native bf16 instructions (AVX512-BF16 or AMX). Without them there are two cases. With AVX512
-# (bw, vl, dq), oneDNN still runs bf16 matmuls, converting to fp32 as it goes. With AVX2 only (many
-# laptops), oneDNN's bf16 path is off (`mkldnn_bf16_device_check` in
-# `aten/src/ATen/native/mkldnn/Utils.h`), and a bf16 matmul falls back to ATen's reference gemm. On
-# a 2-core AVX2 EPYC that fallback ran about 4x slower than fp32 for the forward `x @ W.T`, and 34x
-# slower for the backward's `grad @ W`, so a training step took about 10x as long.
-# `get_cpu_capability()` cannot tell these cases apart (an AMX CPU reports "AVX512" too), so the
-# next cell prints what the course read from the CPU's flags and oneDNN (`info.native_bf16`) and
-# whether oneDNN's bf16 kernels run (`info.notes`).
+# %% [markdown]
+# Checked on every device: each run learns the task (at least the preset's accuracy on sequences it
+# never saw), AMP keeps at most 0.6 of fp32's saved-activation bytes, and its accuracy is within one
+# point of fp32's. The 0.6 holds where attention trains in a fused kernel; where SDPA falls back to
+# its math kernel for training (MPS, which has no fused kernel; ROCm GPUs without AOTriton's),
+# attention runs and saves in float32 even under autocast (lesson 13, section 2), and the bound is
+# 0.85. Time is reported, not asserted: at `smoke` and `small` bf16 is not expected to win; at
+# `cpu`, on a 2-core EPYC (Zen 4) with AVX512-BF16, `pdm run bench --model transformer` measured
+# bf16 training 1.72x faster than fp32 (docs/benchmark.md). On a CPU, bf16 is fast only with native
+# bf16 instructions (AVX512-BF16 or AMX). Without them there are two cases. With AVX512 (bw, vl,
+# dq), oneDNN still runs bf16 matmuls, converting to fp32 as it goes. With AVX2 only (many laptops),
+# oneDNN's bf16 path is off (`mkldnn_bf16_device_check` in `aten/src/ATen/native/mkldnn/Utils.h`),
+# and a bf16 matmul falls back to ATen's reference gemm. On a 2-core AVX2 EPYC that fallback ran
+# about 4x slower than fp32 for the forward `x @ W.T`, and 34x slower for the backward's `grad @ W`,
+# so a training step took about 10x as long. `get_cpu_capability()` cannot tell these cases apart
+# (an AMX CPU reports "AVX512" too), so the next cell prints what the course read from the CPU's
+# flags and oneDNN (`info.native_bf16`) and whether oneDNN's bf16 kernels run (`info.notes`).
 
 # %%
 qkv_shape = (sizes.batch, config.n_heads, sizes.seq_len, config.d_model // config.n_heads)
@@ -267,15 +267,20 @@ trace
 #   its input up, whatever it is. On CPU, layer norm and softmax are on no list (of this model's
 #   ops only the loss, `cross_entropy_loss` / `nll_loss`, is): a bf16 input to them runs in bf16.
 #   The probe shows both.
-# - **Cross-entropy** runs in float32 on every device because the course's `sequence_loss` casts
-#   the logits with `.float()` first, and you should too. Autocast alone does not do it on a GPU:
-#   on CUDA, XPU and MPS `cross_entropy` is on no list, and it calls `log_softmax(x,
-#   dtype=x.dtype)`; autocast keeps an explicit dtype (`fp32_set_opt_dtype` in `autocast_mode.h`),
-#   so a 16-bit input is normalised in 16 bits and only `nll_loss` gets float32. Only CPU autocast
-#   lists `cross_entropy_loss` itself. Its log-softmax subtracts the row's maximum, so no exp
-#   overflows; the reason is the sum of exps over the vocabulary, which in 16 bits loses the
-#   small terms. It matters little for this task's 11 to 33 tokens, a lot for a language model's
-#   tens of thousands.
+# - **Cross-entropy** runs in float32 on every device because the course's `sequence_loss` casts the
+#   logits with `.float()` first, and you should too. Autocast alone does not do it on a GPU: on
+#   CUDA, XPU and MPS `cross_entropy` is on no list, and it calls `log_softmax(x, dtype=x.dtype)`;
+#   autocast keeps an explicit dtype (`fp32_set_opt_dtype` in `autocast_mode.h`), so a 16-bit input
+#   gives 16-bit log-probabilities and only `nll_loss` gets float32. Only CPU autocast lists
+#   `cross_entropy_loss` itself. Its log-softmax subtracts the row's maximum, so no exp overflows,
+#   and it sums the exps in float32 even for 16-bit inputs (CUDA's `host_softmax` in `SoftMax.cu`
+#   accumulates in `acc_type<Half>`, float; the CPU kernel too), so no small terms are lost. What 16
+#   bits cost is the output and its backward: each log-probability is rounded to 16 bits (near -20,
+#   a language model's rare tokens, float16 values are 2^-6 apart and bfloat16's 2^-3), and the
+#   backward, run in 16 bits on those rounded values, gives the logits gradients off by about two
+#   16-bit steps (relative, median), against a sixth of one with `.float()` first: the second cell
+#   below measures it over 50,000 tokens. It matters little for this task's 11 to 33 tokens, a lot
+#   for a language model's.
 
 # %%
 assert any(t.op == "addmm" and t.output == low for t in block_ops), "linear not lowered"
@@ -290,6 +295,30 @@ norms = [t for t in block_ops if "layer_norm" in t.op]
 assert norms and all(t.output == "fp32" for t in norms), norms
 logs = [t for t in loss_ops if "log_softmax" in t.op]
 assert logs and all(t.output == "fp32" for t in logs), "cross-entropy did not run in float32"
+
+# %%
+# Why `.float()` first, on the CPU's kernels: 8 rows over a 50,000-token vocabulary
+generator = torch.Generator().manual_seed(0)
+vocab_logits = (2 * torch.randn(8, 50_000, generator=generator)).to(amp_dtype)
+answers = torch.randint(50_000, (8,), generator=generator)
+exact_log_probs = torch.log_softmax(vocab_logits.double(), -1)
+exact_grad = torch.softmax(vocab_logits.double(), -1) - F.one_hot(answers, 50_000)
+grad_error = {}
+for path in ("16 bits", ".float() first"):
+    x = vocab_logits.clone().requires_grad_()
+    log_probs = torch.log_softmax(x if path == "16 bits" else x.float(), -1)
+    if path == "16 bits":
+        output_error = (log_probs.double() - exact_log_probs).abs().max().item()
+    (2.0**12 * 8 * F.nll_loss(log_probs.float(), answers)).backward()  # scaled, as GradScaler
+    error = (x.grad.double() / 2.0**12 - exact_grad).abs() / exact_grad.abs()
+    grad_error[path] = error.median().item()
+unit = torch.finfo(amp_dtype).eps  # relative spacing of 16-bit values
+spacing = unit * 2 ** exact_log_probs.abs().max().log2().floor().item()  # near the rarest token
+print(f"{low} log_softmax: largest error {output_error:.4f}, value spacing there {spacing:.4f}; "
+      f"median gradient error {grad_error['16 bits']:.2%} in 16 bits, "
+      f"{grad_error['.float() first']:.3%} with .float() first (16-bit eps {unit:.2%})")
+assert output_error <= spacing  # exps summed in float32: only the output's rounding is left
+assert grad_error["16 bits"] > 1.5 * unit and grad_error[".float() first"] < unit / 4
 
 # %% [markdown]
 # Lesson 01's probe separates what autocast decides from what the op does anyway: each op runs

@@ -80,7 +80,9 @@ def sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
     The logits are cast to float32 first: on CUDA, XPU and MPS ``cross_entropy`` is on no autocast
     list and calls ``log_softmax(x, dtype=x.dtype)``, whose explicit dtype autocast keeps, so a
-    16-bit input would be normalised in 16 bits (CPU autocast lists ``cross_entropy_loss`` itself).
+    16-bit input would give 16-bit log-probabilities (CPU autocast lists ``cross_entropy_loss``
+    itself). The kernels sum the exps in float32 either way; what 16 bits cost is the rounding of
+    each log-probability and a backward run in 16 bits on the rounded values (lesson 12).
     """
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
                            ignore_index=IGNORE_INDEX)
