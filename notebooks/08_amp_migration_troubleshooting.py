@@ -294,8 +294,11 @@ layer_sizes.style.hide(axis="index")
 #
 # - weights, gradients and optimizer state: **fp32 under AMP too** (Adam keeps two more copies);
 # - activations saved for backward: these are what AMP halves;
-# - during the forward pass, autocast's cached low-precision copies of the weights (freed when the
-#   region ends);
+# - autocast's low-precision copies of the weights: it caches the cast of each leaf tensor that
+#   requires grad (the parameters) and empties the cache when the outermost region exits, but in
+#   training each convolution and linear layer also saves the copy it used for its backward, so
+#   the copies live until backward frees the graph (in inference nothing is saved: they go with
+#   the region);
 # - on top, the caching allocator holds freed blocks for reuse: `torch.cuda.memory_reserved()`
 #   and `nvidia-smi` / `rocm-smi` show that larger number, and it does not shrink by itself.
 #
@@ -334,6 +337,36 @@ assert (ratio[["weights", "gradients", "Adam state"]] == 1).all()  # AMP does no
 assert ratio["saved activations"] <= (1.3 if info.type == "mps" else 0.55)
 print(f"activations {ratio['saved activations']:.2f}x, total {ratio['total']:.2f}x of fp32")
 memory.round(3).rename(columns=lambda c: f"{c} (MB)")
+
+# %% [markdown]
+# The weight copies are in the saved activations above. Here they are, watched by weak reference:
+# alive after the autocast region has ended, gone once backward has run.
+
+# %%
+import weakref
+
+model, copies = new_model(), []
+weight_shapes = [p.shape for p in model.parameters() if p.dim() > 1]  # the conv weights
+
+
+def note_weight_copies(saved: torch.Tensor) -> torch.Tensor:
+    """A saved_tensors_hooks pack hook: note each 16-bit weight copy autograd saves."""
+    saved = saved.detach()
+    if saved.dtype == amp_dtype and saved.shape in weight_shapes:
+        copies.append(weakref.ref(saved))
+    return saved
+
+
+with torch.autograd.graph.saved_tensors_hooks(note_weight_copies, lambda t: t):
+    with torch.autocast(info.type, dtype=amp_dtype):
+        loss = loss_fn(model(inputs), targets)
+alive_after_region = sum(copy() is not None for copy in copies)
+loss.backward()
+print(f"{len(copies)} {dtype_name(amp_dtype)} weight copies saved for backward: "
+      f"{alive_after_region} alive after the region, "
+      f"{sum(copy() is not None for copy in copies)} after backward")
+assert len(copies) == len(weight_shapes) == alive_after_region  # one per conv, kept alive
+assert all(copy() is None for copy in copies)  # freed with the graph
 
 # %% [markdown]
 # ## Try it
