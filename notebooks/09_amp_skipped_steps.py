@@ -83,9 +83,9 @@ def new_model() -> torch.nn.Module:
 #
 # `train_with_scheduler` below is a normal AMP loop with a scheduler. Per step it logs the scale
 # the step used, whether the step was skipped, and the learning rate. A skipped step is detected
-# the cheap way, from the scale: `scaler.update()` lowers it only after a skipped step. (If the
-# first step does not overflow by itself on this device and size, the loop puts an inf into one
-# gradient at step 0, as an overflow would.)
+# from the scale, without looking at the gradients: `scaler.update()` lowers it only after a
+# skipped step. (If the first step does not overflow by itself on this device and size, the loop
+# puts an inf into one gradient at step 0, as an overflow would.)
 
 # %%
 N_STEPS = 8
@@ -155,10 +155,20 @@ real_steps = (~fixed_log["skipped"]).cumsum()  # optimizer steps taken so far
 lr_expected = 1e-3 * 0.9 ** (real_steps - (~fixed_log["skipped"]).astype(int))
 assert np.allclose(fixed_log["lr of the step"], lr_expected)  # the lr follows real steps only
 print(fixed_log[["scale used", "skipped", "lr of the step"]].to_string())
+# get_scale() is scale.item(): on a GPU each call waits for the device (its docstring says so)
+assert "CPU-GPU sync" in torch.amp.GradScaler.get_scale.__doc__
+# one read per step is enough: the scale a step used is the one the previous update left
+used = fixed_log["scale used"].to_numpy()
+assert ((used[1:] < used[:-1]) == fixed_log["skipped"].to_numpy()[:-1]).all()
 
 # %% [markdown]
+# That rule is not free on a GPU: `scaler.get_scale()` returns `scale.item()`, a CPU-GPU sync
+# that waits for the queued kernels, and `amp_step` calls it twice per step. Keep the value read
+# after the last `update()` and compare it with the next one: one sync per step, as the assert
+# above shows is enough.
+#
 # The `scale used` column is also the thing to **log** in a real run (next to the loss, every N
-# steps): `scaler.get_scale()` is a cheap float. A healthy float16 run backs off a few times at
+# steps, which is also when to pay for the sync). A healthy float16 run backs off a few times at
 # the start, then holds or slowly grows (by 2x after `growth_interval`, 2000 good steps in a
 # row). Skips are rare, isolated, and the scale settles far above 1.
 #
