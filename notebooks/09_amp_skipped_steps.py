@@ -248,6 +248,6 @@ fig.tight_layout()
 # - The first float16 steps are often skipped while the scale finds its level; a scheduler
 #   stepped every iteration then warns "Detected call of `lr_scheduler.step()` before
 #   `optimizer.step()`". Usually harmless; to keep the schedule aligned, step it only when
-#   `scaler.get_scale()` did not go down.
+#   `scaler.get_scale()` did not go down (one read per step: on a GPU each is a CPU-GPU sync).
 # - Log `scaler.get_scale()`. A few early drops are normal; a scale that keeps halving means the
 #   forward pass makes inf/NaN every step: check `torch.isfinite(loss)` and fix the cause.
