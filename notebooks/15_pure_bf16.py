@@ -43,6 +43,7 @@ from amp_tutorial.measure import time_steps
 from amp_tutorial.models import course_models
 from amp_tutorial.plots import plot_losses
 from amp_tutorial.presets import get_preset
+from amp_tutorial.stochastic_rounding import StochasticRoundingAdam, stochastic_round_bf16
 
 info = select_device()
 preset = get_preset(device_type=info.type)
@@ -60,9 +61,12 @@ make_conv, image_in, image_target, _ = course_models(preset, info.device)["ConvM
 # ## 1. Updates that round away
 #
 # `model.to(torch.bfloat16)` with an ordinary optimizer runs every matmul in bf16, like AMP, but
-# it also stores the **weights** in bf16. bf16 keeps 8 significant bits: between 1 and 2 its
-# numbers are 2^-7 = 0.0078 apart (2^-8 just below 1), so adding anything smaller than half that
-# gap to a weight near 1.0 rounds back to the same weight. The update is **lost**.
+# it also stores the **weights** in bf16. bf16 keeps 8 significant bits (7 stored, 1 implicit), so
+# its numbers are 2^-7 = 0.0078 apart in [1, 2) and 2^-8 = 0.0039 apart in [0.5, 1). A sum is
+# rounded to the nearest bf16 number, so an update smaller than half the gap is **lost**: for a
+# weight between 0.5 and 1, anything below 2^-9 = 0.00195. A power of two has the smaller gap
+# below it: 1.0 loses a step down below 2^-9 and a step up below 2^-8. At exactly half a gap the
+# sum is a tie, and ties go to the neighbour whose last bit is even: the update is lost or doubled.
 
 # %%
 one = torch.tensor(1.0)
@@ -70,7 +74,14 @@ for update in (1e-2, 1e-3, 1e-4):
     print(f"1.0 - {update:g}: fp32 -> {(one - update).item():.6f}, "
           f"bf16 -> {(one.bfloat16() - update).item():.6f}")
 assert (one.bfloat16() - 1e-3) == 1.0 and (one - 1e-3) != 1.0
-assert torch.finfo(torch.bfloat16).eps == 2**-7
+assert torch.finfo(torch.bfloat16).eps == 2**-7  # the gap above 1.0; below 1.0 it is 2^-8
+w = torch.tensor([0.75, 0.75 + 2**-8], dtype=torch.bfloat16)  # neighbours, gap 2^-8
+assert torch.equal(w + 0.99 * 2**-9, w) and torch.equal(w - 0.99 * 2**-9, w)  # lost
+assert torch.equal(w + 1.01 * 2**-9, w + 2**-8)  # just over half the gap: one gap up
+print(f"a tie, {w.tolist()} + 2^-9 -> {(w + 2**-9).tolist()}")
+assert (w + 2**-9).tolist() == [0.75, 0.75 + 2**-7]  # to the even neighbour: lost, or doubled
+assert one.bfloat16() - 2**-9 == 1.0 and one.bfloat16() - 1.01 * 2**-9 == 1 - 2**-8
+assert one.bfloat16() + 2**-8 == 1.0 and one.bfloat16() + 1.01 * 2**-8 == 1 + 2**-7
 
 # %% [markdown]
 # Adam's first step moves every weight by about the learning rate (1e-3 here) against its
@@ -134,13 +145,13 @@ def train_amp_bf16():
     return model, optimizer, losses
 
 
-def train_pure_bf16():
+def train_pure_bf16(make_optimizer=lambda params: torch.optim.Adam(params, lr=1e-3)):
     model = pure_bf16_model()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = make_optimizer(model.parameters())
     losses, lost = [], []
     for _ in range(preset.steps):
-        with torch.no_grad():
-            losses.append(F.mse_loss(model(bf16_in), bf16_target).float().item())
+        with torch.no_grad():  # the loss of the bf16 prediction, computed in fp32
+            losses.append(F.mse_loss(model(bf16_in).float(), image_target).item())
         lost.append(lost_update_share(model, optimizer, bf16_in, bf16_target))
     return model, optimizer, losses, lost
 
@@ -166,17 +177,71 @@ per_weight = {"AMP bf16": training_bytes_per_weight(amp_model, amp_optimizer),
               "pure bf16": training_bytes_per_weight(pure_model, pure_optimizer)}
 print(f"bytes per weight (weight + gradient + Adam's exp_avg, exp_avg_sq): {per_weight}")
 assert per_weight == {"AMP bf16": 16, "pure bf16": 8}
-fig = plot_losses({"AMP bf16 (fp32 weights)": amp_losses, "pure bf16 (bf16 weights)": pure_losses},
-                  "Training loss: AMP against model.to(bfloat16)")
 
 # %% [markdown]
 # This is why AMP keeps **fp32 master weights**: autocast casts a weight to bf16 only as the input
 # of one matmul, while the stored weight, its gradient and the optimizer state stay fp32, so
 # thousands of small updates add up instead of rounding away. The price is memory: with Adam,
 # 16 bytes per weight (fp32 weight, fp32 gradient and two fp32 moving averages) against 8 in
-# pure bf16, as measured above. Pure bf16 training can work with care
-# (larger learning rates, or optimizers that compensate the rounding), but it is not a switch.
+# pure bf16, as measured above.
 #
+# A larger learning rate is no cure. Only Adam's first step moves every weight by about the
+# learning rate: its update is lr * m/(sqrt(v) + eps) with bias-corrected averages m and v, which
+# are g and g^2 at step one. Once gradients shrink or change sign, m falls faster than sqrt(v)
+# (v averages over ~1000 steps, m over ~10), and the updates sink below half a gap again
+# (Try it 2). What keeps bf16 weights trainable:
+#
+# - **fp32 master weights**: AMP, as above; or a bf16 model whose optimizer updates an fp32 copy
+#   and copies it back to bf16 after each step. 4 more bytes per weight.
+# - **Stochastic rounding**: compute the new weight in fp32, then round it up or down at random,
+#   up with probability (distance from the lower neighbour) / gap. Its expected value is exact:
+#   a step of 1e-3 moves a weight at 1.0 a whole gap (2^-8) about one time in four, 1e-3 on
+#   average. No extra bytes. torchao.optim's optimizers (`AdamW8bit`, `Adam8bit`, `AdamWFp8`,
+#   the full-state `_AdamW`, ...) take `bf16_stochastic_round=True` (`torchao/optim/adam.py`:
+#   the step in fp32, the bf16 weight rounded stochastically, the moments to nearest).
+# - **Kahan-compensated updates**: keep each weight's rounding error in a second bf16 tensor and
+#   add it to the next update. 2 more bytes per weight.
+#
+# `amp_tutorial.stochastic_rounding` has the rounding (16 random bits added below bf16's last
+# bit of the fp32 pattern, then cut off) and an Adam that uses it as torchao does. A weight of
+# 1.0, a hundred steps of -0.001:
+
+# %%
+ones = torch.ones(10_000, dtype=torch.bfloat16)
+nearest, stochastic, generator = ones, ones, torch.Generator().manual_seed(0)
+for _ in range(100):
+    nearest = (nearest.float() - 1e-3).bfloat16()  # what bf16 weights do
+    stochastic = stochastic_round_bf16(stochastic.float() - 1e-3, generator)
+print(f"exact 0.9; round to nearest: {nearest.float().mean():.4f}; stochastic rounding: mean "
+      f"{stochastic.float().mean():.4f} over 10,000 weights, {stochastic.unique().numel()} values")
+assert torch.all(nearest == 1.0)  # every update lost
+assert abs(stochastic.float().mean() - 0.9) < 1e-3  # 6 standard deviations of the mean
+
+# %% [markdown]
+# The same ConvModel, pure bf16, with that Adam instead of torch's (the generator is seeded, so
+# the run repeats). How many weights did not move in one step is no longer the measure: a weight
+# whose update is a quarter of the gap stays put three steps in four. What matters is whether
+# the updates add up. BatchNorm's weights start at 1.0, so watch them move:
+
+# %%
+sr_model, sr_optimizer, sr_losses, sr_lost = train_pure_bf16(
+    lambda params: StochasticRoundingAdam(params, lr=1e-3,
+                                          generator=torch.Generator().manual_seed(0)))
+bn_moved = {name: (model.layers[1].weight.float() - 1).abs().mean().item()
+            for name, model in (("AMP bf16", amp_model), ("pure bf16", pure_model),
+                                ("pure bf16, stochastic rounding", sr_model))}
+losses = {"AMP bf16": amp_losses[-1], "pure bf16": pure_losses[-1],
+          "pure bf16, stochastic rounding": sr_losses[-1]}
+print(pd.DataFrame({"final loss": losses, "BatchNorm weights: mean |w - 1|": bn_moved}).round(5))
+assert bn_moved["pure bf16"] == 0  # every update of every BatchNorm weight lost, all run long
+assert bn_moved["pure bf16, stochastic rounding"] > bn_moved["AMP bf16"] / 2
+assert sr_losses[-1] < pure_losses[-1]
+assert training_bytes_per_weight(sr_model, sr_optimizer) == 8  # pure bf16's memory
+fig = plot_losses({"AMP bf16 (fp32 weights)": amp_losses, "pure bf16 (bf16 weights)": pure_losses,
+                   "pure bf16, stochastic rounding": sr_losses},
+                  "Training loss: AMP against model.to(bfloat16)")
+
+# %% [markdown]
 # ## 2. When pure bf16 is right: inference
 #
 # A trained model never updates its weights again, so nothing can be lost. Cast it **once**: the
