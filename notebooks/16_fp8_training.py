@@ -8,8 +8,9 @@
 #       cpu: 0.1
 #       small: 0.1
 #       smoke: 0.1
-#     needs: 'any device, CPU included (FP8 training runs everywhere with torchao, on a
-#       CPU at smoke sizes); fast FP8 training: NVIDIA compute capability 8.9+ or AMD MI300+'
+#     needs: 'any device, CPU included (FP8 training runs everywhere with torchao, on
+#       a CPU at smoke sizes); fast FP8 training: NVIDIA compute capability 8.9+ or
+#       AMD MI300+'
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:
