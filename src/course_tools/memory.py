@@ -18,7 +18,10 @@ steps give the peak of the whole run. A cell that raises does not stop the measu
 steps are too few for some accuracy asserts): every cell runs, and the report names each one that
 raised, with the error; a later cell that uses a failed cell's variables raises too (a
 ``NameError``), and is reported the same way. The kernel runs with ``AMP_TUTORIAL_DEVICE=cpu``
-and no visible CUDA device, so the figures are the same on any machine.
+and no visible CUDA device, so the figures are the same on any machine, and with
+``AMP_TUTORIAL_GPU_SIZES=1``: where a lesson sizes its network by the device
+(``amp_tutorial.presets.fp16_width``: lessons 02, 09 and 10 train their float16 network 16
+channels wide on a CPU), the CPU runs the width a GPU's run uses, so the figure is a GPU's.
 
 What a CPU run cannot see (say it wherever the figures are used): the CUDA/ROCm context, cuDNN,
 cuBLAS and MIOpen workspaces, the caching allocator's rounding and fragmentation, and what a GPU
@@ -52,7 +55,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from amp_tutorial.presets import PRESETS
+from amp_tutorial.presets import GPU_SIZES_ENV, PRESETS
 from course_tools.catalogue import (
     Lesson,
     add_lesson_arguments,
@@ -137,9 +140,9 @@ EPILOGUE = ("_course_live_memory.stop()\n"
 
 
 def measure_env(preset: str) -> dict[str, str]:
-    """The handout's kernel environment, on the CPU whatever this machine has."""
+    """The handout's kernel environment, on the CPU whatever this machine has, at a GPU's sizes."""
     return {**kernel_env(preset), "AMP_TUTORIAL_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "",
-            "HIP_VISIBLE_DEVICES": ""}
+            "HIP_VISIBLE_DEVICES": "", GPU_SIZES_ENV: "1"}
 
 
 def measure_lesson(lesson: Lesson, preset: str = DEFAULT_PRESET, caps: StepCaps = StepCaps(),

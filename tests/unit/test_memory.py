@@ -27,7 +27,9 @@ CELLS = [
     "import torch\nfrom amp_tutorial.presets import get_preset\npreset = get_preset()\n"
     "assert (preset.name, preset.grid) == ('paper', 512)\n"
     "assert (preset.steps, preset.warmup, preset.inference_steps) == (3, 1, 2), preset\n"
-    "assert (preset.transformer.steps, preset.transformer.warmup) == (2, 1), preset",
+    "assert (preset.transformer.steps, preset.transformer.warmup) == (2, 1), preset\n"
+    # the fp16 demonstrations get a GPU's width on this CPU, 16 without the tool's variable
+    "from amp_tutorial.presets import fp16_width\nassert fp16_width(preset, 'cpu') == 256",
     "a = torch.empty(8 * 2**20, dtype=torch.uint8)\nb = torch.empty(4 * 2**20, dtype=torch.uint8)",
     "del a\nmade_here = 1\nraise AssertionError('too few steps to learn')",
     "c = torch.empty(2 * 2**20, dtype=torch.uint8)",
