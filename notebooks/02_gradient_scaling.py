@@ -2,7 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
-#       cpu: 110
+#       cpu: 846
 #       paper: 436
 #     minutes:
 #       cpu: 0.3

@@ -2,7 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
-#       cpu: 18
+#       cpu: 146
 #       paper: 70
 #     minutes:
 #       cpu: 0.3

@@ -2,7 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
-#       cpu: 2
+#       cpu: 8
 #       paper: 2
 #     minutes:
 #       cpu: 0.2
