@@ -3,7 +3,7 @@
 #   amp_tutorial:
 #     memory:
 #       cpu: 8
-#       paper: 2
+#       paper: 16
 #     minutes:
 #       cpu: 0.2
 #       small: 0.2
