@@ -2,7 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
-#       cpu: 110
+#       cpu: 846
 #       paper: 436
 #     minutes:
 #       cpu: 0.3
@@ -36,9 +36,10 @@
 #
 # GradScaler matters for **float16**, the default autocast dtype on CUDA and ROCm GPUs. Without a
 # GPU this lesson computes real fp16 gradients on the CPU (CPU autocast takes `dtype=torch.float16`
-# and `torch.amp.GradScaler("cpu")` exists), in a narrow network, as most CPUs lack fast fp16
-# arithmetic: the gradient magnitudes depend on the loss and the image size, not on the width. Fixed
-# seeds (`torch.manual_seed(0)`) give each run the same weights; asserts check every claim.
+# and `torch.amp.GradScaler("cpu")` exists), in a network at most 16 channels wide
+# (`fp16_width`), as most CPUs lack fast fp16 arithmetic: the gradient magnitudes depend on the loss
+# and the image size, not on the width. Fixed seeds (`torch.manual_seed(0)`) give each run the same
+# weights; asserts check every claim.
 
 # %%
 import numpy as np
@@ -53,7 +54,7 @@ from amp_tutorial.exercises.fp16_step import check_fp16_step
 from amp_tutorial.gradients import activation_grads, grad_norm, snapshot, update_norm, zero_fraction
 from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_gradient_magnitudes, plot_losses, plot_scale_history
-from amp_tutorial.presets import get_preset
+from amp_tutorial.presets import fp16_width, get_preset
 
 info = select_device()
 preset = get_preset(device_type=info.type)
@@ -64,7 +65,7 @@ print(f"preset {preset.name!r}: {preset.description}")
 fp16_ok_here = torch.float16 in info.amp_dtypes or info.type == "cpu"
 fp16_device = info.device if fp16_ok_here else torch.device("cpu")
 bf16_device = info.device if torch.bfloat16 in info.amp_dtypes else torch.device("cpu")
-hidden = preset.hidden if fp16_device.type != "cpu" else min(preset.hidden, 16)
+hidden = fp16_width(preset, fp16_device.type)
 print(f"fp16 runs on {fp16_device}, bf16 on {bf16_device}; network width {hidden}")
 
 FP16 = torch.finfo(torch.float16)

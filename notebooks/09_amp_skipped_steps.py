@@ -2,7 +2,7 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
-#       cpu: 18
+#       cpu: 146
 #       paper: 70
 #     minutes:
 #       cpu: 0.3
@@ -49,7 +49,7 @@ from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, select_device
 from amp_tutorial.gradients import snapshot, update_norm
 from amp_tutorial.models import ConvModel
-from amp_tutorial.presets import get_preset
+from amp_tutorial.presets import fp16_width, get_preset
 
 info = select_device()
 preset = get_preset(device_type=info.type)
@@ -60,7 +60,7 @@ torch.manual_seed(0)  # every run starts from the same numbers
 # %%
 fp16_device = info.device if torch.float16 in info.amp_dtypes or info.type == "cpu" else (
     torch.device("cpu"))
-hidden = preset.hidden if fp16_device.type != "cpu" else min(preset.hidden, 16)  # see lesson 02
+hidden = fp16_width(preset, fp16_device.type)  # see lesson 02
 inputs, targets = make_problem(preset.grid, fp16_device)
 print(f"float16 + GradScaler run on {fp16_device}; network width {hidden}")
 

@@ -2,8 +2,8 @@
 # jupyter:
 #   amp_tutorial:
 #     memory:
-#       cpu: 2
-#       paper: 2
+#       cpu: 8
+#       paper: 16
 #     minutes:
 #       cpu: 0.2
 #       small: 0.2
@@ -49,7 +49,7 @@ from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, select_device
 from amp_tutorial.gradients import snapshot, update_norm
 from amp_tutorial.models import ConvModel
-from amp_tutorial.presets import get_preset
+from amp_tutorial.presets import fp16_width, get_preset
 
 info = select_device()
 preset = get_preset(device_type=info.type)
@@ -238,7 +238,7 @@ for device_type in ("cuda", "xpu", "mps", "cpu"):  # the bare call reads CUDA's 
 # float16 + GradScaler on the GPU, or on the CPU (which accepts float16 too), as in lesson 02
 fp16_device = info.device if torch.float16 in info.amp_dtypes or info.type == "cpu" else (
     torch.device("cpu"))
-hidden = preset.hidden if fp16_device.type != "cpu" else min(preset.hidden, 16)  # see lesson 02
+hidden = fp16_width(preset, fp16_device.type)  # see lesson 02
 small_inputs, small_targets = make_problem(32, fp16_device)
 torch.manual_seed(0)
 small_model = ConvModel(hidden, preset.n_hidden_layers).to(fp16_device)

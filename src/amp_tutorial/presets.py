@@ -5,6 +5,10 @@ computes bf16 natively, ``small`` for one that emulates it (there a bf16 matmul 
 slower than fp32, so the sizes are smaller); ``smoke`` is the tiny size the test suite uses. Each
 preset also sizes the course's transformer (:class:`TransformerSizes`). ``auto`` picks by what the
 machine can do (:func:`auto_preset`); set ``AMP_TUTORIAL_PRESET`` to choose any preset by name.
+
+The float16 + GradScaler demonstrations (lessons 02, 09, 10) run in a narrower network on a CPU
+than on a GPU (:func:`fp16_width`); ``AMP_TUTORIAL_GPU_SIZES=1`` runs the GPU's width on a CPU too,
+which is how ``python -m course_tools.memory`` counts the memory a GPU's run holds.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ import os
 from dataclasses import dataclass
 
 PRESET_ENV = "AMP_TUTORIAL_PRESET"
+GPU_SIZES_ENV = "AMP_TUTORIAL_GPU_SIZES"  # "1": a CPU runs the fp16 demonstrations at a GPU's width
+GPU_SIZES_CHOICES = {"": False, "0": False, "1": True}
+CPU_FP16_WIDTH = 16  # channels of the fp16 demonstrations on a CPU
 
 
 class UnknownPresetError(ValueError):
@@ -127,3 +134,25 @@ def get_preset(name: str | None = None, device_type: str | None = None) -> Prese
             f"unknown preset {chosen!r} (from the {source}); valid names: {', '.join(VALID_NAMES)}"
         )
     return PRESETS[chosen]
+
+
+def gpu_sizes_on_cpu() -> bool:
+    """Whether ``$AMP_TUTORIAL_GPU_SIZES`` asks a CPU to run a GPU's sizes (``1``; ``0`` or unset:
+    no); any other value is an error that lists the valid ones."""
+    value = os.environ.get(GPU_SIZES_ENV, "").strip()
+    if value not in GPU_SIZES_CHOICES:
+        raise ValueError(f"${GPU_SIZES_ENV}={value!r} is not a choice; use 1 (a CPU runs a GPU's "
+                         "sizes), 0 or leave it unset")
+    return GPU_SIZES_CHOICES[value]
+
+
+def fp16_width(preset: Preset, device_type: str) -> int:
+    """Channels of the network the float16 + GradScaler demonstrations train on ``device_type``.
+
+    The preset's ``hidden`` on a GPU; on a CPU at most ``CPU_FP16_WIDTH``, because CPU float16
+    arithmetic is slow (the gradient magnitudes shown depend on the loss and image size, not on
+    the width), unless ``$AMP_TUTORIAL_GPU_SIZES`` is ``1``.
+    """
+    if device_type != "cpu" or gpu_sizes_on_cpu():
+        return preset.hidden
+    return min(preset.hidden, CPU_FP16_WIDTH)

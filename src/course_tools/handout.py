@@ -139,21 +139,26 @@ def read_with_answers(lesson: Lesson) -> tuple[NotebookNode, dict[int, str]]:
 
 def run_notebook(notebook: NotebookNode, folder: Path, env: dict[str, str], timeout: int,
                  desc: str, stop_at_error: bool = True, prologue: str = "",
-                 epilogue: str = "") -> KernelRun:
+                 epilogue: str = "", interrupt_on_timeout: bool = False) -> KernelRun:
     """Run the notebook's code cells in order in a fresh ``python3`` kernel started in ``folder``.
 
     ``stop_at_error``: stop at the first cell that raises; otherwise run every cell and collect
     each error. A ``prologue`` runs before the first cell and an ``epilogue`` after the last (also
     after an error), as cells of their own that the notebook does not keep: the course's tools
-    use them to measure the lesson. They must not raise.
+    use them to measure the lesson. They must not raise. ``interrupt_on_timeout``: a cell that
+    runs past ``timeout`` is interrupted (a ``KeyboardInterrupt`` in the kernel) and counts as
+    raised, and the kernel goes on with the next cell.
     """
     cells = notebook.cells
     before = [nbformat.v4.new_code_cell(prologue)] if prologue else []
     after = [nbformat.v4.new_code_cell(epilogue)] if epilogue else []
     notebook.cells = [*before, *cells, *after]
+    interrupted = {"ename": "CellTimeoutError", "traceback": [],
+                   "evalue": f"interrupted after {timeout} s"}
     client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(folder)}},
-                            store_widget_state=False)
+                            store_widget_state=False, interrupt_on_timeout=interrupt_on_timeout,
+                            error_on_timeout=interrupted if interrupt_on_timeout else None)
     errors: list[CellError] = []
     printed = None
     start = time.perf_counter()

@@ -14,11 +14,18 @@ epilogue, not kept in the notebook):
 - the epilogue stops it and prints the peak, the bytes still live and the kernel's peak RSS.
 
 Memory per step does not depend on the number of steps once the optimizer state exists, so a few
-steps give the peak of the whole run. A cell that raises does not stop the measurement (a few
-steps are too few for some accuracy asserts): every cell runs, and the report names each one that
-raised, with the error; a later cell that uses a failed cell's variables raises too (a
-``NameError``), and is reported the same way. The kernel runs with ``AMP_TUTORIAL_DEVICE=cpu``
-and no visible CUDA device, so the figures are the same on any machine.
+steps give the peak of the whole run. A loop whose step count is the lesson's own constant (lesson
+02's 28 scaler steps, 09's 8) is not cut; where its steps are too slow on a CPU (float16 at a GPU's
+width), ``--interrupt-after SECONDS`` interrupts each cell that runs longer, reports it as raised
+and goes on: choose SECONDS so that a few steps have run.
+
+A cell that raises does not stop the measurement (a few steps are too few for some accuracy
+asserts): every cell runs, and the report names each one that raised, with the error; a later cell
+that uses a failed cell's variables raises too (a ``NameError``), and is reported the same way. The
+kernel runs with ``AMP_TUTORIAL_DEVICE=cpu`` and no visible CUDA device, so the figures are the same
+on any machine, and with ``AMP_TUTORIAL_GPU_SIZES=1``: where a lesson sizes its network by the
+device (``amp_tutorial.presets.fp16_width``: lessons 02, 09 and 10 train their float16 network 16
+channels wide on a CPU), the CPU runs the width a GPU's run uses, so the figure is a GPU's.
 
 What a CPU run cannot see (say it wherever the figures are used): the CUDA/ROCm context, cuDNN,
 cuBLAS and MIOpen workspaces, the caching allocator's rounding and fragmentation, and what a GPU
@@ -52,7 +59,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from amp_tutorial.presets import PRESETS
+from amp_tutorial.presets import GPU_SIZES_ENV, PRESETS
 from course_tools.catalogue import (
     Lesson,
     add_lesson_arguments,
@@ -137,17 +144,19 @@ EPILOGUE = ("_course_live_memory.stop()\n"
 
 
 def measure_env(preset: str) -> dict[str, str]:
-    """The handout's kernel environment, on the CPU whatever this machine has."""
+    """The handout's kernel environment, on the CPU whatever this machine has, at a GPU's sizes."""
     return {**kernel_env(preset), "AMP_TUTORIAL_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "",
-            "HIP_VISIBLE_DEVICES": ""}
+            "HIP_VISIBLE_DEVICES": "", GPU_SIZES_ENV: "1"}
 
 
 def measure_lesson(lesson: Lesson, preset: str = DEFAULT_PRESET, caps: StepCaps = StepCaps(),
-                   timeout: int = CELL_TIMEOUT_S) -> LessonMemory:
-    """Run the lesson on the CPU at ``preset`` with the steps cut; its peak live tensor memory."""
+                   timeout: int = CELL_TIMEOUT_S, interrupt: bool = False) -> LessonMemory:
+    """Run the lesson on the CPU at ``preset`` with the steps cut; its peak live tensor memory.
+    ``interrupt``: a cell that runs past ``timeout`` is interrupted, and the run goes on."""
     notebook, _ = read_with_answers(lesson)
     run = run_notebook(notebook, lesson.path.parent, measure_env(preset), timeout, lesson.name,
-                       stop_at_error=False, prologue=prologue(preset, caps), epilogue=EPILOGUE)
+                       stop_at_error=False, prologue=prologue(preset, caps), epilogue=EPILOGUE,
+                       interrupt_on_timeout=interrupt)
     result = read_result(run.epilogue or "") or {}
     raised = [{"cell": describe_cell(notebook, error.index), "error": error.what}
               for error in run.errors]
@@ -230,6 +239,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "lesson's asserts need them: ASSERT_STEPS)")
     parser.add_argument("--timeout", type=int, default=CELL_TIMEOUT_S,
                         help=f"seconds one cell may run (default {CELL_TIMEOUT_S})")
+    parser.add_argument("--interrupt-after", type=int, metavar="SECONDS",
+                        help="interrupt a cell that runs longer, report it as raised and go on: "
+                             "for loops whose step count is the lesson's own, not the preset's "
+                             "(StepCaps cannot cut them), once their first steps have run")
     parser.add_argument("--record", action="store_true",
                         help="write each peak (MiB) into the lesson's header")
     parser.add_argument("--json", type=Path, help="write the report as JSON here")
@@ -241,7 +254,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = []
     for lesson in tqdm(chosen, desc=f"memory ({args.preset})", unit="lesson"):
         steps = ASSERT_STEPS.get(lesson.name, caps.steps) if args.steps is None else args.steps
-        result = measure_lesson(lesson, args.preset, replace(caps, steps=steps), args.timeout)
+        result = measure_lesson(lesson, args.preset, replace(caps, steps=steps),
+                                args.interrupt_after or args.timeout,
+                                interrupt=args.interrupt_after is not None)
         results.append(result)
         tqdm.write(describe(result))
         if args.record and result.peak_bytes is not None:

@@ -27,7 +27,9 @@ CELLS = [
     "import torch\nfrom amp_tutorial.presets import get_preset\npreset = get_preset()\n"
     "assert (preset.name, preset.grid) == ('paper', 512)\n"
     "assert (preset.steps, preset.warmup, preset.inference_steps) == (3, 1, 2), preset\n"
-    "assert (preset.transformer.steps, preset.transformer.warmup) == (2, 1), preset",
+    "assert (preset.transformer.steps, preset.transformer.warmup) == (2, 1), preset\n"
+    # the fp16 demonstrations get a GPU's width on this CPU, 16 without the tool's variable
+    "from amp_tutorial.presets import fp16_width\nassert fp16_width(preset, 'cpu') == 256",
     "a = torch.empty(8 * 2**20, dtype=torch.uint8)\nb = torch.empty(4 * 2**20, dtype=torch.uint8)",
     "del a\nmade_here = 1\nraise AssertionError('too few steps to learn')",
     "c = torch.empty(2 * 2**20, dtype=torch.uint8)",
@@ -105,3 +107,21 @@ def test_every_lesson_given_more_steps_exists() -> None:
     """ASSERT_STEPS names lessons by file stem: a renamed lesson must be renamed there too."""
     assert set(ASSERT_STEPS) <= {lesson.name for lesson in find_lessons(NOTEBOOKS)}
     assert all(steps > StepCaps.steps for steps in ASSERT_STEPS.values())
+
+
+def test_interrupt_after_cuts_a_long_cell_and_the_run_goes_on(tmp_path: Path) -> None:
+    """A cell past --interrupt-after is interrupted and named; what it held counts; later cells
+    run in the same kernel."""
+    cells = ["import time, torch",
+             "held = torch.empty(6 * 2**20, dtype=torch.uint8)\ntime.sleep(120)",
+             "after = torch.empty(2 * 2**20, dtype=torch.uint8)"]
+    lesson = write_lesson(tmp_path / "notebooks", "01", cells)
+    report = tmp_path / "report.json"
+    assert main(["--notebooks", str(lesson.parent), "--interrupt-after", "5",
+                 "--json", str(report)]) == 0
+    (row,) = json.loads(report.read_text())["lessons"]
+    assert row["raised"] == [{"cell": "code cell 2 of 3 (starting 'held = torch.empty(6 * "
+                                      "2**20, dtype=torch.uint8)')",
+                              "error": "CellTimeoutError: interrupted after 5 s"}]
+    assert row["peak_bytes"] == 8 * MIB  # held (kept after the interrupt) and after together
+    assert row["seconds"] < 60

@@ -8,7 +8,16 @@ import sys
 import pytest
 
 from amp_tutorial import device
-from amp_tutorial.presets import PRESET_ENV, PRESETS, UnknownPresetError, get_preset
+from amp_tutorial.presets import (
+    CPU_FP16_WIDTH,
+    GPU_SIZES_ENV,
+    PRESET_ENV,
+    PRESETS,
+    UnknownPresetError,
+    fp16_width,
+    get_preset,
+)
+from tests.support import NOTEBOOKS
 
 # /proc/cpuinfo lines of the CPU kinds `auto` tells apart
 CPUINFO = {
@@ -136,3 +145,37 @@ def test_transformer_task_is_not_solved_by_guessing(name):
     # learn misses it
     assert sizes.accuracy_target >= 5 / sizes.n_symbols
     assert sizes.warmup < sizes.steps
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_fp16_width_narrows_on_a_cpu_only(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(GPU_SIZES_ENV, raising=False)
+    preset = PRESETS[name]
+    assert fp16_width(preset, "cpu") == min(preset.hidden, CPU_FP16_WIDTH)
+    for gpu in ("cuda", "xpu", "mps"):
+        assert fp16_width(preset, gpu) == preset.hidden
+    monkeypatch.setenv(GPU_SIZES_ENV, "0")
+    assert fp16_width(preset, "cpu") == min(preset.hidden, CPU_FP16_WIDTH)
+
+
+def test_gpu_sizes_give_a_cpu_the_gpus_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(GPU_SIZES_ENV, "1")
+    assert fp16_width(PRESETS["paper"], "cpu") == 256
+    assert fp16_width(PRESETS["cpu"], "cpu") == 128
+    monkeypatch.delenv(GPU_SIZES_ENV)
+    assert fp16_width(PRESETS["paper"], "cpu") == 16
+
+
+def test_a_bad_gpu_sizes_value_names_the_valid_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(GPU_SIZES_ENV, "yes")
+    with pytest.raises(ValueError, match=f"{GPU_SIZES_ENV}='yes'.*use 1"):
+        fp16_width(PRESETS["paper"], "cpu")
+
+
+def test_lessons_size_their_fp16_network_with_the_helper_only() -> None:
+    """The memory tool's variable reaches every lesson's fp16 width: none narrows it itself."""
+    users = sorted(path.name[:2] for path in NOTEBOOKS.glob("[0-9][0-9]_*.py")
+                   if "fp16_width(preset, fp16_device.type)" in path.read_text(encoding="utf-8"))
+    assert users == ["02", "09", "10"]
+    for path in NOTEBOOKS.glob("[0-9][0-9]_*.py"):
+        assert "min(preset.hidden" not in path.read_text(encoding="utf-8"), path.name
