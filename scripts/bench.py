@@ -9,6 +9,10 @@ For fp32 and every AMP dtype the device supports it reports training and inferen
 the device has one, saved-activation bytes (every device), the final loss and ratios against fp32.
 ``--compile`` runs the same modes through ``torch.compile`` and reports the compile time (first
 call minus a median step) apart from the step time; the compile lesson explains what changes.
+
+Before the models, the same run measures this device's matmul rate in fp32 and each
+low-precision dtype at two sizes (``amp_tutorial.ceiling``): the ratio is the most a matmul-bound
+step can gain, and each model's gain is printed next to it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm.auto import tqdm
 
+from amp_tutorial.ceiling import SIZES, Ceiling, matmul_ceiling
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import (
     DeviceInfo,
@@ -81,6 +86,7 @@ class ModeResult:
     final_accuracy: float | None = None  # transformer: answer accuracy on held-out sequences
     train_compile_s: float | None = None  # --compile: first call minus a median step
     infer_compile_s: float | None = None
+    matmul_ceiling: float | None = None  # best t_fp32 / t_amp_dtype of a matmul, this run
 
 
 def run_mode(
@@ -275,9 +281,25 @@ def _table(cols: list[str], rows: list[list[str]]) -> str:
     return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
 
 
+def add_ceiling(results: list[ModeResult], ceiling: Ceiling) -> None:
+    """Give each AMP row the best matmul ratio of its dtype measured in this run."""
+    for r in results:
+        if r.amp_dtype in ceiling.low_dtypes:
+            r.matmul_ceiling = ceiling.best_ratio(r.amp_dtype)
+
+
+def gain_lines(results: list[ModeResult]) -> list[str]:
+    """Each AMP row's gains next to its matmul ceiling: what the rest of the step costs."""
+    return [f"{r.mode}: training {r.train_speedup:.2f}x, inference {r.infer_speedup:.2f}x, "
+            f"of a {r.matmul_ceiling:.2f}x matmul ceiling"
+            for r in results if r.matmul_ceiling is not None]
+
+
 def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
-                 memory_format: str = "channels_last", model: str = "conv") -> str:
-    """The human-readable report: a time table and a memory table, one row per mode.
+                 memory_format: str = "channels_last", model: str = "conv",
+                 ceiling: Ceiling | None = None) -> str:
+    """The human-readable report: a time table and a memory table, one row per mode, and the
+    matmul ceiling with each mode's gain next to it.
     """
     if model == "transformer":
         t = preset.transformer
@@ -311,7 +333,13 @@ def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
              + ("accuracy = answer tokens right on held-out sequences;\n" if with_accuracy else "")
              + "ratio = mode / fp32; peak MB is the caching allocator's peak (n/a on CPU and "
              "MPS);\nsaved activations = bytes autograd keeps for backward in one forward + loss.")
-    return f"{header}\n\nTime\n{time_table}\n\nMemory\n{memory_table}\n\n{notes}"
+    text = f"{header}\n\nTime\n{time_table}\n\nMemory\n{memory_table}\n\n{notes}"
+    if ceiling is None:
+        return text
+    return "\n".join([
+        text, "", "Ceiling: matmul GFLOP/s, median (quartile range), measured in this run",
+        *ceiling.lines(), "", "AMP gain against fp32 (t_fp32 / t_mode), next to the best matmul "
+        "ratio of its dtype", *gain_lines(results)])
 
 
 def _compile_text(r: ModeResult) -> str:
@@ -363,24 +391,27 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"error: {err}\n")
     if args.strict_fp32:
         set_strict_fp32(True)
+    ceiling = matmul_ceiling(info, SIZES[preset.name])
     if args.model == "transformer":
         results, _ = run_transformer_benchmark(info, preset, progress=not args.no_progress)
     else:
         with fresh_compile_cache():  # compile times are cold ones, never a cache hit
             results = run_benchmark(info, preset, progress=not args.no_progress,
                                     memory_format=args.memory_format, compile_backend=args.compile)
+    add_ceiling(results, ceiling)
     report = {
         "device": str(info.device), "backend": info.backend, "device_name": info.name,
         "torch": torch.__version__, "preset": asdict(preset), "baseline": results[0].mode,
         "model": args.model, "memory_format": args.memory_format, "compile": args.compile,
         "host_memory": keep_freed_memory(),
+        "ceiling": {"sizes": list(ceiling.sizes), **ceiling.as_dict()},
         "results": [asdict(r) for r in results],
     }
     if args.json == "-":
         json.dump(report, sys.stdout, indent=2)
         print()
     else:
-        print(format_table(info, preset, results, args.memory_format, args.model))
+        print(format_table(info, preset, results, args.memory_format, args.model, ceiling))
         if args.json:
             with open(args.json, "w", encoding="utf-8") as fh:
                 json.dump(report, fh, indent=2)

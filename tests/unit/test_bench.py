@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from amp_tutorial.ceiling import Ceiling, MatmulRate
+from amp_tutorial.measure import Timing
 from tests.support import load_program
 
 bench = load_program("bench")
@@ -134,3 +136,35 @@ def test_compile_adds_compiled_rows_against_the_eager_baseline(compiled_report):
     # the same mathematics: compiled training ends where eager training does
     assert compiled_fp32["final_loss"] == pytest.approx(eager_fp32["final_loss"], rel=1e-3)
     assert compiled_bf16["activation_ratio"] <= 0.55
+
+
+def test_the_same_run_measures_the_matmul_ceiling(smoke_report):
+    ceiling = smoke_report["ceiling"]
+    assert ceiling["sizes"] == list(bench.SIZES["smoke"])
+    rates = {(r["n"], r["dtype"]): r for r in ceiling["rates"]}
+    for n in ceiling["sizes"]:
+        fp32, bf16 = rates[(n, "fp32")], rates[(n, "bf16")]
+        low, high = bf16["gflops_q3_q1"]
+        assert low <= bf16["gflops"] <= high
+        # the ratio is fp32's time over bf16's (>1 when bf16 is faster), not the inverse
+        assert ceiling["ratios"]["bf16"][str(n)] == pytest.approx(
+            fp32["median_s"] / bf16["median_s"])
+    fp32_row, bf16_row = smoke_report["results"]
+    assert fp32_row["matmul_ceiling"] is None
+    assert bf16_row["matmul_ceiling"] == pytest.approx(max(ceiling["ratios"]["bf16"].values()))
+
+
+def test_each_gain_is_printed_next_to_its_ceiling():
+    results = [bench.ModeResult("fp32", None, False, 0.2, 0.01, 0.1, 0.01, None, None, 100, 0.5),
+               bench.ModeResult("bf16", "bf16", False, 0.0976, 0.01, 0.04, 0.01, None, None, 50,
+                                0.5)]
+    bench.add_ratios(results)
+    ceiling = Ceiling(tuple(
+        MatmulRate(n, d, Timing((t,))) for n, d, t in
+        [(1024, "fp32", 0.011), (1024, "bf16", 0.005), (2048, "fp32", 0.1),
+         (2048, "bf16", 0.0625)]))
+    bench.add_ceiling(results, ceiling)
+    table = bench.format_table(bench.select_device("cpu"), bench.get_preset("cpu"), results,
+                               ceiling=ceiling)
+    assert "bf16: training 2.05x, inference 2.50x, of a 2.20x matmul ceiling" in table
+    assert "matmul 2048x2048: fp32 172 (172-172); bf16 275 (275-275), 1.60x fp32" in table
