@@ -2,10 +2,11 @@
 
 ``check_train_accumulated(fn)`` runs the learner's function on the CPU (float16 with a GradScaler,
 float16 with clipping, bfloat16 with a disabled scaler, with and without clipping, and float16 on
-targets ten times larger, whose gradient norm is above 1 with no clipping asked for) over ``N_MICRO`` micro-batches in groups of
-``ACCUMULATION`` (the last group shorter). An :class:`AccumulationSpy` (a ``TrainingSpy`` that also
-knows where each group starts and ends) watches the order of the calls; at every optimizer step it
-keeps the parameters and gradients, and the checker compares each step's gradient with fp32
+targets ten times larger, whose gradient norm is above 1 with no clipping asked for) over
+``N_MICRO`` micro-batches in groups of ``ACCUMULATION`` (the last group shorter). An
+:class:`AccumulationSpy` (a ``TrainingSpy`` that also knows where each group starts and ends)
+watches the order of the calls; at every optimizer step it keeps the parameters and gradients,
+and the checker compares each step's gradient with fp32
 autograd on the group's micro-batches taken as one big batch, at the same parameters, and the
 norm the step used with the one clipping asks for (max_grad_norm, or none).
 """
