@@ -32,6 +32,7 @@ from amp_tutorial.exercises.checking import (
     attempt,
     collect,
     error_problem,
+    report,
     type_problem,
 )
 
@@ -405,4 +406,4 @@ def check_autocast_settings(fn: SettingsFn) -> CheckResult:
         found = [(name, [p for p in problems if not (p.key == DEVICE_TYPE_OTHER_DEVICE
                                                      and "'cuda' for" in p.message)])
                  for name, problems in found]
-    return collect(found, praise)
+    return report(collect(found, praise), "01", "autocast_settings")

@@ -35,6 +35,7 @@ from amp_tutorial.exercises.checking import (
     attempt,
     collect,
     error_problem,
+    report,
     type_problem,
 )
 from amp_tutorial.exercises.train_loop import make_exercise_problem
@@ -307,7 +308,7 @@ def check_save_and_load(save: Callable[..., object], load: Callable[..., object]
     ``load(path, model, optimizer, scaler)`` restores it into the objects given and returns the
     step. Float16 with a GradScaler and Adam, on the CPU; well under a second.
     """
-    return collect([(SCENARIO, _problems(save, load))], PRAISE)
+    return report(collect([(SCENARIO, _problems(save, load))], PRAISE), "05", "save_and_load")
 
 
 def _problems(save: Callable[..., object], load: Callable[..., object]) -> list[Problem]:

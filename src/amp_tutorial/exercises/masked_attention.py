@@ -28,6 +28,7 @@ from amp_tutorial.exercises.checking import (
     attempt,
     collect,
     error_problem,
+    report,
     type_problem,
 )
 
@@ -403,4 +404,5 @@ def check_masked_attention(fn: AttentionFn) -> CheckResult:
     timed_out = any(o.run.timed_out for o in outcomes)
     named = [(s.name, problems) for s, problems in found.items()]
     grad = [] if timed_out else _grad_problems(fn)
-    return collect([*named, ("float32, q requires grad", grad)], PRAISE)
+    return report(collect([*named, ("float32, q requires grad", grad)], PRAISE), "13",
+                  "masked_attention")
