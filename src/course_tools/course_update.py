@@ -129,9 +129,9 @@ def _write_notice(work: Path, waiting: list[str]) -> None:
         notice.unlink(missing_ok=True)
         return
     lines = ["# Course updates waiting", "",
-             "The course has a newer version of these lessons, which you edited. Your version is",
-             "kept. To get the new one, open a Terminal and run the command beside it: your lesson",
-             "and its outputs are renamed to `NAME.mine-DATE.py` / `.ipynb` first, nothing is lost.",
+             "The course has a newer version of these lessons, which you edited. Your version",
+             "is kept. To get the new one, open a Terminal and run the command beside it: your",
+             "lesson and its outputs are renamed `NAME.mine-DATE.py` / `.ipynb` first.",
              ""]
     lines += [f"- `{name}`: `course-update take {name}`" for name in waiting]
     notice.write_text("\n".join(lines) + "\n")

@@ -110,4 +110,6 @@ class CourseContentsManager(_JupytextManager):
                     getattr(err, "status_code", 500),
                     f"Could not save {path}: {meaning}. The copy on disk is unchanged; to keep "
                     f"this version, use File > Download. ({os.strerror(number)})")
-        return err if isinstance(err, HTTPError) else HTTPError(500, f"Could not save {path}: {err}")
+        if isinstance(err, HTTPError):
+            return err
+        return HTTPError(500, f"Could not save {path}: {err}")
