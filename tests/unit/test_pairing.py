@@ -105,3 +105,14 @@ def test_saving_a_paired_lesson_with_outputs_rewrites_no_byte_of_it(path, tmp_pa
          path.name)
     assert (tmp_path / path.name).read_bytes() == path.read_bytes()
     assert (tmp_path / path.with_suffix(".ipynb").name).exists()
+
+
+def test_every_server_in_the_course_environment_gets_this_manager():
+    """The wheel data's server config (a plain `jupyter lab`, the image's hub servers) names it,
+    and jupytext's server extension keeps a class that already pairs (it has `formats`)."""
+    from tests.support import ROOT
+
+    config = ROOT / "jupyter-config/etc/jupyter/jupyter_server_config.d/amp_tutorial.json"
+    name = json.loads(config.read_text())["ServerApp"]["contents_manager_class"]
+    assert name == f"{CourseContentsManager.__module__}.{CourseContentsManager.__name__}"
+    assert CourseContentsManager(root_dir="/").formats == "ipynb,py:percent"
