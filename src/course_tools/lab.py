@@ -3,6 +3,8 @@
 Extra arguments go straight to ``jupyter lab`` (e.g. ``pdm run lab --port 8890 --no-browser``).
 The lab settings (open ``.py`` notebooks as notebooks, no news pop-up) are installed with the
 package into the environment's ``etc/jupyter``, so a plain ``jupyter lab`` gets them too.
+Lessons are paired (``notebooks/jupytext.toml``): saving a lesson also writes an ``.ipynb`` beside
+it that keeps its outputs; the course's contents manager (``course_tools.pairing``) serves them.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import os
 import sys
 
 from course_tools.catalogue import NOTEBOOKS_ENV, notebooks_dir
+
+CONTENTS_MANAGER = "course_tools.pairing.CourseContentsManager"
 
 
 def lab_command(extra: list[str]) -> list[str]:
@@ -26,6 +30,8 @@ def lab_command(extra: list[str]) -> list[str]:
             raise SystemExit("error: an empty token lets anyone who reaches the port run code; "
                              "leave it out to get a random one, or set JUPYTER_TOKEN")
     args = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root}"]
+    if not any("contents_manager_class" in a for a in extra):
+        args.append(f"--ServerApp.contents_manager_class={CONTENTS_MANAGER}")
     if not any(a.startswith("--ip") or a.startswith("--ServerApp.ip") for a in extra):
         args.append("--ip=127.0.0.1")
     if not any(a.startswith("--port") or a.startswith("--ServerApp.port") for a in extra):

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -98,3 +101,73 @@ def test_server_serves_the_course_with_the_lab_settings(server):
     _, notebook = lab_server.api(f"/api/contents/{prefix}03_amp_training.py?type=notebook")
     assert notebook["type"] == "notebook"  # jupytext serves the .py file as a notebook
     assert any("torch.autocast" in "".join(c["source"]) for c in notebook["content"]["cells"])
+
+
+# --- pairing: what the browser's open and save requests do, asked through the REST API ---------
+LESSON = "01_autocast_basics.py"
+
+
+def _course_copy(tmp_path: Path) -> Path:
+    """A checkout's notebooks/ folder in miniature: one lesson and the pairing config."""
+    course = tmp_path / "checkout" / "notebooks"
+    course.mkdir(parents=True)
+    for name in (LESSON, "jupytext.toml"):
+        shutil.copy(ROOT / "notebooks" / name, course / name)
+    return course
+
+
+def _save_with_output(lab_server, path: str, text: str) -> tuple[int, dict]:
+    _, model = lab_server.send(f"/api/contents/{path}?type=notebook&content=1", "GET")
+    cell = next(c for c in model["content"]["cells"] if c["cell_type"] == "code")
+    cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": text}]
+    return lab_server.send(f"/api/contents/{path}", "PUT",
+                           {"type": "notebook", "format": "json", "content": model["content"]})
+
+
+@pytest.mark.parametrize("how", ["pdm run lab", "pdm run jupyter-lab"])
+def test_a_saved_lessons_outputs_come_back_and_its_text_is_unchanged(how, tmp_path):
+    course = _course_copy(tmp_path)
+    command = lab.lab_command if how == "pdm run lab" else _plain_jupyter_lab
+    lab_server = start_lab(course, tmp_path, {}, command=command, cwd=course.parent)
+    try:
+        path = LESSON if how == "pdm run lab" else f"notebooks/{LESSON}"
+        before = (course / LESSON).read_bytes()
+        status, _ = _save_with_output(lab_server, path, "a table\n")
+        assert status == 200, lab_server.log_tail()
+        assert (course / LESSON).read_bytes() == before, f"{how}: saving rewrote the lesson"
+        assert (course / "01_autocast_basics.ipynb").exists(), f"{how}: no paired .ipynb"
+        _, model = lab_server.send(f"/api/contents/{path}?type=notebook&content=1", "GET")
+        cell = next(c for c in model["content"]["cells"] if c["cell_type"] == "code")
+        assert [o["text"] for o in cell["outputs"]] == ["a table\n"], f"{how}: outputs lost"
+    finally:
+        lab_server.stop()
+
+
+def _read_only(folder: Path) -> Callable[[], None]:
+    """Make ``folder`` read-only as a volume mounted ``:ro`` is; return the undo. Root ignores
+    file modes, so root gets a read-only bind mount; others get modes."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return lambda: folder.chmod(0o755)
+    mount = shutil.which("mount")
+    if not mount or subprocess.run([mount, "--bind", folder, folder]).returncode:
+        pytest.skip("root without mount(8) rights: cannot make a read-only folder here")
+    subprocess.run([mount, "-o", "remount,bind,ro", folder, folder], check=True)
+    return lambda: subprocess.run(["umount", folder], check=True)
+
+
+def test_a_save_to_a_read_only_folder_says_why_and_leaves_the_lesson_whole(tmp_path):
+    course = _course_copy(tmp_path)
+    lab_server = start_lab(course, tmp_path, {})
+    undo = _read_only(course)
+    try:
+        before = (course / LESSON).read_bytes()
+        status, body = _save_with_output(lab_server, LESSON, "a table\n")
+        assert status in (403, 500)
+        assert "read-only" in body["message"] or "permissions" in body["message"], body
+        assert "File > Download" in body["message"]
+        assert (course / LESSON).read_bytes() == before, "the failed save truncated the lesson"
+        assert not (course / "01_autocast_basics.ipynb").exists()
+    finally:
+        undo()
+        lab_server.stop()

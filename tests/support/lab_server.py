@@ -75,6 +75,23 @@ class LabServer:
         except urllib.error.HTTPError as err:
             return err.code, None
 
+    def send(self, path: str, method: str, body: Any = None) -> tuple[int, Any]:
+        """Call the REST API with a JSON body; an error's JSON body (its ``message``) comes back
+        too, as the lab shows it to the learner."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
+                                         headers={"Authorization": f"token {self.token}",
+                                                  "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as err:
+            text = err.read()
+            try:
+                return err.code, json.loads(text)
+            except ValueError:
+                return err.code, {"message": text.decode(errors="replace")}
+
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
