@@ -30,6 +30,7 @@ from progress_view import class_view, render_page, table_html
 from tornado import httpserver, ioloop, web
 
 log = logging.getLogger("amp-progress")
+MAX_STREAM_BYTES = 16 * 1024 * 1024  # read (and dropped) before a clean 413; past it, cut off
 
 
 def utc_now() -> datetime:
@@ -52,10 +53,23 @@ class Handler(HubOAuthenticated, web.RequestHandler):
         self.finish(json.dumps({"status": status_code, "error": why}))
 
 
+@web.stream_request_body
 class AttemptsHandler(Handler):
-    """A learner's server posts its attempts here, with its token."""
+    """A learner's server posts its attempts here, with its token. The body is read as it comes
+    and kept only up to MAX_BODY_BYTES: a longer post is read to its end (so that the proxy passes
+    on a clean 413, not a broken connection) but never held in memory. Past MAX_STREAM_BYTES the
+    server closes the connection."""
 
     hub_scopes = None  # every identified token comes in; progress_access.learner_of decides
+
+    def prepare(self) -> None:
+        self.body, self.too_big = bytearray(), 0
+
+    def data_received(self, chunk: bytes) -> None:
+        if self.too_big or len(self.body) + len(chunk) > MAX_BODY_BYTES:
+            self.too_big += len(chunk)
+        else:
+            self.body += chunk
 
     def check_xsrf_cookie(self) -> None:
         """No XSRF check: only token-authenticated posts are taken (a browser's cookie is not)."""
@@ -69,8 +83,10 @@ class AttemptsHandler(Handler):
         user = learner_of(model)
         if user is None:
             raise web.HTTPError(403, f"this token is not a learner's with {POST_SCOPE}")
+        if self.too_big:
+            raise web.HTTPError(413, f"the post is over {MAX_BODY_BYTES} bytes")
         try:
-            records = parse_post(self.request.body, user)
+            records = parse_post(bytes(self.body), user)
         except BadPost as refused:
             log.warning("refused a post by %s: %s", user, refused)
             raise web.HTTPError(refused.status, str(refused)) from None
@@ -153,7 +169,7 @@ def main() -> None:
     store = Store(os.environ.get("AMP_PROGRESS_DB", "/srv/jupyterhub/progress.sqlite"))
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     server = httpserver.HTTPServer(
-        make_app(store, prefix), xheaders=True, max_body_size=4 * MAX_BODY_BYTES
+        make_app(store, prefix), xheaders=True, max_body_size=MAX_STREAM_BYTES
     )
     server.listen(url.port, url.hostname)
     log.info("progress service on %s, %d attempts in %s", url.geturl(), store.count(), store.path)
