@@ -189,8 +189,8 @@ form {{ display: inline; }}
 </style></head><body>
 <h1>Class progress</h1>
 <p>Signed in as {user}. Stuck learners first: most failed attempts on the exercise they are on,
-then longest since a pass. Refreshes every {refresh} s.
-<a href="{prefix}attempts.csv">Export CSV</a>
+then longest since a pass. Refreshes every {refresh} s.</p>
+<p><a href="{prefix}attempts.csv">Export CSV</a>
 <form method="post" action="{prefix}clear"
       onsubmit="return confirm('Delete every recorded attempt of the class?');">{xsrf}
 <button type="submit">Clear all attempts</button></form></p>
