@@ -555,8 +555,9 @@ def test_the_class_record_survives_a_hub_restart_and_late_attempts_arrive_once(
     offline = check_exercise(hub, "bob", WRONG_ANSWER)
     assert offline["sent"] == 0 and offline["pending"] == 1
     hub.up()
+    wait_for(lambda: hub.api("GET", PROGRESS, admin).status_code == 200, 60, "the service")
     late = check_exercise(hub, "bob", WRONG_ANSWER)  # the next check sends both
-    assert late["sent"] == 2 and late["pending"] == 0
+    assert late["pending"] == 0  # sent by the checker's own send or the script's: either
     rows = class_csv(hub, admin)
     ids = [(r["user"], r["id"]) for r in rows]
     assert len(ids) == len(set(ids)) == 4
