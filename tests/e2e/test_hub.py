@@ -453,9 +453,10 @@ def test_a_learners_server_and_kernels_hold_a_token_that_may_post_and_no_more(
     hub = workshop.hub
     token = server_token(hub, "ada")
     scopes = set(hub.api("GET", "/hub/api/user", token).json()["scopes"])
-    assert "custom:amp-progress:post" in scopes
-    assert "custom:amp-progress:read" not in scopes and "access:services" not in scopes
-    assert not [s for s in scopes if s.startswith(("read:users", "admin", "servers"))], scopes
+    # Beyond the post scope, only scopes on Ada herself: her activity, her name, her server.
+    assert {s for s in scopes if "!" not in s} == {"custom:amp-progress:post"}, scopes
+    assert all(s.split("!", 1)[1] in ("user=ada", "server=ada/") for s in scopes if "!" in s)
+    assert not [s for s in scopes if s.startswith(("admin", "access:services"))], scopes
     started = hub.api("POST", "/user/ada/api/kernels", token, json={"name": "python3"})
     assert started.status_code == 201, started.text
     kernel_id = started.json()["id"]
