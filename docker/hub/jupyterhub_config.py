@@ -26,6 +26,7 @@ from pathlib import Path
 import hub_gpus
 import hub_presets
 import nativeauthenticator
+import progress_access
 
 c = get_config()  # noqa: F821 -- provided by JupyterHub when it loads this file
 
@@ -38,6 +39,7 @@ def setting(name: str, default: str | None = None) -> str:
 
 
 PREFIX = setting("AMP_HUB_PREFIX", "amp-hub")
+ADMIN = setting("AMP_HUB_ADMIN")
 WORK = "/home/learner/work"  # the learner's volume; the course image creates it for them
 VENDOR = hub_gpus.vendor_of(setting("AMP_TUTORIAL_VARIANT", "rocm"))
 GPU_MODE = hub_gpus.parse_mode(os.environ.get("AMP_HUB_GPUS"), VENDOR)
@@ -60,7 +62,7 @@ c.JupyterHub.cookie_secret_file = "/srv/jupyterhub/jupyterhub_cookie_secret"
 c.JupyterHub.authenticator_class = "nativeauthenticator.NativeAuthenticator"
 # NativeAuthenticator's own pages first: its login page links to the sign-up page.
 c.JupyterHub.template_paths = [str(Path(nativeauthenticator.__file__).parent / "templates")]
-c.Authenticator.admin_users = {setting("AMP_HUB_ADMIN")}
+c.Authenticator.admin_users = {ADMIN}
 # NativeAuthenticator lets nobody in who has not been admitted (or is the admin), so every user
 # it authenticates may use the hub; JupyterHub >= 5 wants that said.
 c.Authenticator.allow_all = True
@@ -79,7 +81,12 @@ c.DockerSpawner.volumes = {PREFIX + "-{username}": WORK}
 c.DockerSpawner.remove = True  # the container goes when the server stops; the volume stays
 c.DockerSpawner.cmd = ["start-singleuser"]  # copies the course into the volume, keeps edits
 c.DockerSpawner.notebook_dir = WORK
-c.DockerSpawner.environment = {"AMP_TUTORIAL_WORK": WORK, "AMP_TUTORIAL_PRESET": PRESET}
+c.DockerSpawner.environment = {
+    "AMP_TUTORIAL_WORK": WORK, "AMP_TUTORIAL_PRESET": PRESET,
+    # where amp_tutorial.class_sync sends the learner's attempts: the progress service, through
+    # the proxy (the compose service `hub`, port 8000), with the server's own token
+    "AMP_PROGRESS_URL": f"http://hub:8000/services/{progress_access.SERVICE}/api/attempts",
+}
 c.DockerSpawner.cpu_limit = float(setting("AMP_HUB_CPU_LIMIT", "4"))
 c.DockerSpawner.mem_limit = setting("AMP_HUB_MEM_LIMIT", "8G")
 c.DockerSpawner.start_timeout = 180
@@ -109,13 +116,26 @@ c.Spawner.pre_spawn_hook = give_gpus
 c.Spawner.post_stop_hook = release_gpu
 
 # --- Idle servers are stopped by jupyterhub-idle-culler, a service of the hub ---
+# --- The class's exercise attempts: the amp-progress service (progress_*.py, docs/workshop.md) ---
+# Learners hold a custom scope to post their own attempts, and their servers' tokens get it on top
+# of the default `server` scopes, nothing more; only the admin's role reads the page.
+c.JupyterHub.custom_scopes = progress_access.custom_scopes()
+c.Spawner.server_token_scopes = [*progress_access.SERVER_SCOPES, progress_access.POST_SCOPE]
 c.JupyterHub.load_roles = [{
     "name": "idle-culler",
     "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
     "services": ["idle-culler"],
-}]
+}, *progress_access.roles([ADMIN])]
 c.JupyterHub.services = [{
     "name": "idle-culler",
     "command": [sys.executable, "-m", "jupyterhub_idle_culler",
                 f"--timeout={int(setting('AMP_HUB_IDLE_TIMEOUT', '3600'))}"],
+}, {
+    "name": progress_access.SERVICE,
+    "url": f"http://127.0.0.1:{progress_access.PORT}",
+    "command": [sys.executable, "/etc/jupyterhub/progress_service.py"],  # the Dockerfile puts it
+    # on the hub's volume, beside the hub's database: kept across restarts
+    "environment": {"AMP_PROGRESS_DB": "/srv/jupyterhub/progress.sqlite"},
+    "oauth_client_allowed_scopes": [progress_access.READ_SCOPE],
+    "oauth_no_confirm": True,
 }]

@@ -48,7 +48,7 @@ def load_hub_config(monkeypatch: pytest.MonkeyPatch, **env: str) -> Config:
                         **env}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.syspath_prepend(str(HUB_DIR))
-    for module in ("hub_gpus", "hub_presets"):
+    for module in ("hub_gpus", "hub_presets", "progress_access"):
         monkeypatch.delitem(sys.modules, module, raising=False)
     # The hub image has NativeAuthenticator; the test environment does not need it: the config
     # only asks where its templates are.
@@ -140,10 +140,11 @@ def test_config_admits_nobody_by_itself_and_isolates_learners(
     assert c.DockerSpawner.volumes == {"ws-{username}": "/home/learner/work"}
     assert c.DockerSpawner.name_template == "ws-{username}"
     assert c.DockerSpawner.mem_limit == "3G" and c.DockerSpawner.cpu_limit == 4.0
-    [culler] = c.JupyterHub.services
-    assert "--timeout=900" in culler["command"]
-    [role] = c.JupyterHub.load_roles
-    assert role["services"] == ["idle-culler"] and "delete:servers" in role["scopes"]
+    services = {service["name"]: service for service in c.JupyterHub.services}
+    assert "--timeout=900" in services["idle-culler"]["command"]
+    roles = {role["name"]: role for role in c.JupyterHub.load_roles}
+    assert roles["idle-culler"]["services"] == ["idle-culler"]
+    assert "delete:servers" in roles["idle-culler"]["scopes"]
 
 
 def test_the_spawn_hook_hands_out_gpus_and_takes_them_back(
@@ -215,3 +216,29 @@ def test_hub_compose_file_is_valid_and_closed_by_default(compose_cli: None) -> N
     assert chosen["AMP_HUB_PRESET"] == "smoke"
     unset = run([*hub_compose_command("amp-hub"), "config"], env=clean_env(), check=False)
     assert unset.returncode != 0 and "set AMP_HUB_ADMIN" in unset.stderr
+
+
+def test_learners_servers_may_post_attempts_and_only_the_admin_reads_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The progress service's grants (docker/hub/progress_access.py): the servers' tokens get the
+    default `server` scopes plus the post scope, nothing else; the read scope goes to the admin's
+    role alone, and the service's OAuth tokens may carry it."""
+    c = load_hub_config(monkeypatch)
+    post, read = "custom:amp-progress:post", "custom:amp-progress:read"
+    assert set(c.JupyterHub.custom_scopes) == {post, read}
+    assert c.Spawner.server_token_scopes == ["users:activity!user", "access:servers!server", post]
+    roles = {role["name"]: role for role in c.JupyterHub.load_roles}
+    assert roles["user"]["scopes"] == ["self", post]
+    instructor = roles["amp-progress-instructor"]
+    assert instructor["users"] == ["teacher"] and read in instructor["scopes"]
+    assert [name for name, role in roles.items() if read in role["scopes"]] == [
+        "amp-progress-instructor"]
+    service = {s["name"]: s for s in c.JupyterHub.services}["amp-progress"]
+    assert service["oauth_client_allowed_scopes"] == [read]
+    assert service["environment"]["AMP_PROGRESS_DB"].startswith("/srv/jupyterhub/")  # the volume
+    assert service["command"][-1] == "/etc/jupyterhub/progress_service.py"
+    copied = (HUB_DIR / "Dockerfile").read_text()
+    for module in sorted(HUB_DIR.glob("progress_*.py")):  # the image has every module it runs
+        assert f"docker/hub/{module.name}" in copied
+    url = c.DockerSpawner.environment["AMP_PROGRESS_URL"]
+    assert url == "http://hub:8000/services/amp-progress/api/attempts"
