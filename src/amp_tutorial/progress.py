@@ -32,8 +32,9 @@ def attempts_path() -> Path:
     return Path(workspace) / FOLDER / FILE
 
 
-def record_attempt(lesson: str, exercise: str, passed: bool, keys: Iterable[str],
-                   message: str) -> dict[str, Any] | None:
+def record_attempt(
+    lesson: str, exercise: str, passed: bool, keys: Iterable[str], message: str
+) -> dict[str, Any] | None:
     """Append one attempt and return it; on any failure print one line and return None."""
     record = {
         "id": uuid.uuid4().hex,
@@ -84,8 +85,10 @@ def progress_table(records: Sequence[dict[str, Any]]) -> list[tuple[str, str, bo
         row = rows.setdefault((str(record["lesson"]), str(record["exercise"])), [False, 0])
         row[0] = row[0] or bool(record["passed"])
         row[1] += 1
-    return [(lesson, exercise, passed, attempts)
-            for (lesson, exercise), (passed, attempts) in sorted(rows.items())]
+    return [
+        (lesson, exercise, passed, attempts)
+        for (lesson, exercise), (passed, attempts) in sorted(rows.items())
+    ]
 
 
 def show_progress(path: Path | str | None = None) -> None:

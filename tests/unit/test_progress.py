@@ -25,7 +25,8 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_the_path_is_the_workspace_or_the_current_folder(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv(progress.WORKSPACE_ENV, raising=False)
     monkeypatch.chdir(tmp_path)
     assert attempts_path() == tmp_path / ".amp_tutorial" / "attempts.jsonl"
@@ -49,7 +50,7 @@ def test_a_record_is_written_and_read_back(workspace: Path) -> None:
 
 
 def test_an_unwritable_folder_prints_one_line_and_returns_none(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A workspace below a regular file cannot hold a folder, even for root (who ignores chmod)."""
     blocker = tmp_path / "a-file"
@@ -63,7 +64,8 @@ def test_an_unwritable_folder_prints_one_line_and_returns_none(
 
 
 def test_a_read_only_folder_prints_one_line(
-        workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     folder = workspace / ".amp_tutorial"
     folder.mkdir()
     folder.chmod(0o500)
@@ -88,10 +90,14 @@ def test_a_truncated_or_corrupt_line_is_skipped(workspace: Path) -> None:
 
 
 def test_the_table_counts_attempts_and_any_pass(
-        workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for lesson, exercise, passed in [("06", "train_with_amp", False), ("01", "autocast", False),
-                                     ("06", "train_with_amp", True), ("06", "train_with_amp",
-                                                                       False)]:
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for lesson, exercise, passed in [
+        ("06", "train_with_amp", False),
+        ("01", "autocast", False),
+        ("06", "train_with_amp", True),
+        ("06", "train_with_amp", False),
+    ]:
         record_attempt(lesson, exercise, passed, [], "")
     rows = progress_table(read_attempts())
     assert rows == [("01", "autocast", False, 1), ("06", "train_with_amp", True, 3)]
@@ -107,7 +113,8 @@ def test_no_attempts_says_so(workspace: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_every_graded_check_records_an_attempt(
-        workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from amp_tutorial.exercises.autocast_settings import check_autocast_settings
     from amp_tutorial.quiz import check_quiz
 
@@ -115,17 +122,23 @@ def test_every_graded_check_records_an_attempt(
     result = check_autocast_settings(lambda device: (device.type, "bf16", False))
     quiz_record, check_record = read_attempts()
     assert (quiz_record["lesson"], quiz_record["exercise"], quiz_record["passed"]) == (
-        "06", "quiz", False)
-    assert "question-1-correct" not in quiz_record["keys"] and "question-2-unanswered" in \
-        quiz_record["keys"] and quiz_record["message"] == str(quiz).splitlines()[0]
+        "06",
+        "quiz",
+        False,
+    )
+    assert (
+        "question-1-correct" not in quiz_record["keys"]
+        and "question-2-unanswered" in quiz_record["keys"]
+        and quiz_record["message"] == str(quiz).splitlines()[0]
+    )
     assert (check_record["lesson"], check_record["exercise"]) == ("01", "autocast_settings")
     assert check_record["keys"] == sorted(result.keys) and not check_record["passed"]
-    assert check_record["message"] == " ".join(str(result).split())[:progress.MESSAGE_CHARS]
+    assert check_record["message"] == " ".join(str(result).split())[: progress.MESSAGE_CHARS]
     assert capsys.readouterr().out == ""
 
 
 def test_a_check_answers_as_usual_when_it_cannot_record(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from amp_tutorial.quiz import check_quiz
 

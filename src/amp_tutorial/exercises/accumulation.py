@@ -28,11 +28,10 @@ from amp_tutorial.exercises.checking import (
     WRONG_RETURN,
     Attempt,
     CheckResult,
+    Exercise,
     Problem,
     attempt,
-    collect,
     error_problem,
-    report,
     type_problem,
 )
 from amp_tutorial.exercises.training_spy import TrainingSpy
@@ -72,6 +71,7 @@ __all__ = ["RAISED", "TIMED_OUT", "WRONG_RETURN", "check_train_accumulated", "gr
 PRAISE = ("All checks passed: one scaled backward per micro-batch, one step and update per "
           "group (the short last group too), zeroing between groups only, and every step's "
           "gradient matches fp32 on the group as one batch (float16 and bfloat16).")
+EXERCISE = Exercise("05", "train_accumulated", PRAISE)
 
 
 @dataclass(frozen=True)
@@ -451,15 +451,16 @@ def check_train_accumulated(fn: Callable[..., object]) -> CheckResult:
     ``fn(model, optimizer, scaler, micro_batches, loss_fn, accumulation_steps, device_type,
     amp_dtype, max_grad_norm=None)`` returns one loss per optimizer step.
     """
-    found = []
-    for scenario in SCENARIOS:
-        spy, run, micro_batches = _run(fn, scenario)
-        problems = _process_problems(spy, run)
-        if run.error is None:
-            problems += _type_problems(run.value)
-        if run.error is None and not problems:
-            problems, reference_losses = _gradient_problems(spy, micro_batches)
-            if not problems:
-                problems = _loss_problems(run.value, reference_losses, len(spy.sizes))
-        found.append((scenario.name, problems))
-    return report(collect(found, PRAISE), "05", "train_accumulated")
+    return EXERCISE.check(SCENARIOS, lambda scenario: _scenario_problems(fn, scenario))
+
+
+def _scenario_problems(fn: Callable[..., object], scenario: Scenario) -> list[Problem]:
+    spy, run, micro_batches = _run(fn, scenario)
+    problems = _process_problems(spy, run)
+    if run.error is None:
+        problems += _type_problems(run.value)
+    if run.error is None and not problems:
+        problems, reference_losses = _gradient_problems(spy, micro_batches)
+        if not problems:
+            problems = _loss_problems(run.value, reference_losses, len(spy.sizes))
+    return problems

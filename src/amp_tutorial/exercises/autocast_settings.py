@@ -28,11 +28,10 @@ from amp_tutorial.exercises.checking import (
     TIMED_OUT,
     WRONG_RETURN,
     CheckResult,
+    Exercise,
     Problem,
     attempt,
-    collect,
     error_problem,
-    report,
     type_problem,
 )
 
@@ -57,6 +56,7 @@ PRAISE = ("All checks passed: device_type, dtype and use_scaler are right for th
           "machines with a CUDA or an Apple GPU), an Ampere "
           "and a T4 GPU, MPS, and an XPU with and without native bfloat16, and torch.autocast "
           "took every answer (on the CPU a matmul inside it ran in bfloat16).")
+EXERCISE = Exercise("01", "autocast_settings", PRAISE)
 
 # The torch functions a scenario replaces (owner, attribute): what a correct answer may ask.
 SIMULATED = (
@@ -406,4 +406,4 @@ def check_autocast_settings(fn: SettingsFn) -> CheckResult:
         found = [(name, [p for p in problems if not (p.key == DEVICE_TYPE_OTHER_DEVICE
                                                      and "'cuda' for" in p.message)])
                  for name, problems in found]
-    return report(collect(found, praise), "01", "autocast_settings")
+    return EXERCISE.report(found, praise)

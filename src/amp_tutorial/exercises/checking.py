@@ -8,8 +8,9 @@ checker. The checker's *rules* turn what it observed into problems, each with a 
 write instead. :func:`collect` merges the problems of all scenarios into one
 :class:`CheckResult`, each message prefixed with the scenarios it showed up in.
 
-Adding an exercise means writing its scenarios and rules; the running, the time limit, the wrong
-return type and the report come from here.
+Adding an exercise means writing its scenarios and rules, and an :class:`Exercise` (lesson, name,
+praise) whose :meth:`Exercise.check` runs them; the running, the time limit, the wrong return type,
+the report and the record of the attempt (``amp_tutorial.progress``) come from here.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from amp_tutorial.progress import record_attempt
 
@@ -28,6 +29,7 @@ RAISED = "raised"
 TIMED_OUT = "timed-out"
 WRONG_RETURN = "wrong-return"
 TIME_LIMIT_S = 10.0  # a correct answer needs well under a second on a laptop CPU
+S = TypeVar("S")  # an exercise's scenario type
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,31 @@ def collect(found: Iterable[tuple[str, Iterable[Problem]]], praise: str) -> Chec
     return result
 
 
-def report(result: CheckResult, lesson: str, exercise: str) -> CheckResult:
-    """Record the check in the learner's progress (``amp_tutorial.progress``) and return it."""
-    record_attempt(lesson, exercise, result.passed, result.keys, str(result))
-    return result
+@dataclass(frozen=True)
+class Exercise:
+    """One graded exercise: where it is (lesson, name: what the progress record says) and what
+    its checker prints when nothing is wrong. :meth:`check` is the one place every checker ends:
+    the scenario loop, the merged report, and the record of the attempt."""
+
+    lesson: str  # "05": the lesson the exercise is in
+    name: str  # "train_accumulated": the learner's function, as the record names it
+    praise: str  # what a passing check prints
+
+    def check(self, scenarios: Iterable[S], problems_of: Callable[[S], list[Problem]],
+              name_of: Callable[[S], str] = lambda scenario: scenario.name) -> CheckResult:
+        """Run ``problems_of`` on each scenario in turn (stopping after one that ran past the
+        time limit: one endless loop is enough to wait for), then :meth:`report`."""
+        found = []
+        for scenario in scenarios:
+            problems = problems_of(scenario)
+            found.append((name_of(scenario), problems))
+            if any(p.key == TIMED_OUT for p in problems):
+                break
+        return self.report(found)
+
+    def report(self, found: Iterable[tuple[str, Iterable[Problem]]],
+               praise: str | None = None) -> CheckResult:
+        """:func:`collect` the problems into one result and record the attempt."""
+        result = collect(found, self.praise if praise is None else praise)
+        record_attempt(self.lesson, self.name, result.passed, result.keys, str(result))
+        return result

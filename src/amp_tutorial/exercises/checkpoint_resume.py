@@ -33,11 +33,10 @@ from amp_tutorial.exercises.checking import (
     TIMED_OUT,
     WRONG_RETURN,
     CheckResult,
+    Exercise,
     Problem,
     attempt,
-    collect,
     error_problem,
-    report,
     type_problem,
 )
 from amp_tutorial.exercises.train_loop import make_exercise_problem
@@ -69,6 +68,7 @@ PRAISE = (f"All checks passed: saved after step {SAVE_AT} and loaded into fresh 
           f"resumed at the right step and ended bit for bit like the uninterrupted one "
           "(parameters and BatchNorm's running statistics, Adam's state and its decayed learning "
           "rate, the GradScaler's scale and growth count).")
+EXERCISE = Exercise("05", "save_and_load", PRAISE)
 
 
 @dataclass
@@ -345,7 +345,7 @@ def check_save_and_load(save: Callable[..., object], load: Callable[..., object]
     ``load(path, model, optimizer, scaler)`` restores it into the objects given and returns the
     step. Float16 with a GradScaler and Adam, on the CPU; well under a second.
     """
-    return report(collect([(SCENARIO, _problems(save, load))], PRAISE), "05", "save_and_load")
+    return EXERCISE.check([SCENARIO], lambda _: _problems(save, load), name_of=str)
 
 
 def _problems(save: Callable[..., object], load: Callable[..., object]) -> list[Problem]:

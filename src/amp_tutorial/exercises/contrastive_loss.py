@@ -36,11 +36,10 @@ from amp_tutorial.exercises.checking import (
     WRONG_RETURN,
     Attempt,
     CheckResult,
+    Exercise,
     Problem,
     attempt,
-    collect,
     error_problem,
-    report,
     type_problem,
 )
 
@@ -74,6 +73,7 @@ __all__ = ["RAISED", "TIMED_OUT", "WRONG_RETURN", "check_contrastive_loss", "mak
 PRAISE = ("All checks passed: under float16 and bfloat16 autocast your loss is float32, matches "
           "the fp32 reference on inputs that break 16-bit math and sends the right gradients to "
           "both inputs; on simulated CUDA tensors no op of yours ran in 16 bits either.")
+EXERCISE = Exercise("07", "contrastive_loss", PRAISE)
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, float], object]
 LOW = (torch.float16, torch.bfloat16)
@@ -523,17 +523,13 @@ def check_contrastive_loss(fn: LossFn) -> CheckResult:
     ``fn`` must return the mean InfoNCE loss (query i's positive is key i) as a 0-dim float32
     tensor that matches an fp32 reference and passes gradients back to both inputs.
     """
-    return report(_check(fn), "07", "contrastive_loss")
-
-
-def _check(fn: LossFn) -> CheckResult:
     _warm_up()
     found = []
     for scenario in SCENARIOS:
         problems = _run(fn, scenario)
         found.append((scenario.name, problems))
         if any(p.key == TIMED_OUT for p in problems):
-            return collect(found, PRAISE)  # one endless loop is enough: do not wait again
+            return EXERCISE.report(found)  # one endless loop is enough: do not wait again
     simulated, run = _run_simulated(fn)
     found.append((SIMULATED, simulated))
     if run is not None and not any(problems for _, problems in found):
@@ -544,4 +540,4 @@ def _check(fn: LossFn) -> CheckResult:
                                   "the inputs' device: `torch.arange(len(queries), "
                                   "device=queries.device)`.")
             found.append((SIMULATED, [crashed]))
-    return collect(found, PRAISE)
+    return EXERCISE.report(found)

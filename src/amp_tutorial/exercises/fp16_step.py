@@ -26,11 +26,10 @@ from amp_tutorial.exercises.checking import (
     WRONG_RETURN,
     Attempt,
     CheckResult,
+    Exercise,
     Problem,
     attempt,
-    collect,
     error_problem,
-    report,
     type_problem,
 )
 from amp_tutorial.exercises.train_loop import make_exercise_problem
@@ -72,6 +71,7 @@ __all__ = ["RAISED", "TIMED_OUT", "WRONG_RETURN", "check_fp16_step", "make_step_
 PRAISE = ("All checks passed: autocast, the scaled backward, unscale_ before clipping, the "
           "scaler's step and update, and the returned loss are right (SGD and Adam), and an "
           "overflowing step is skipped.")
+EXERCISE = Exercise("02", "fp16_step", PRAISE)
 
 StepFn = Callable[..., object]
 OPTIMIZERS = {"SGD": (torch.optim.SGD, 0.1), "Adam": (torch.optim.Adam, 1e-2)}  # class, lr
@@ -386,16 +386,15 @@ def check_fp16_step(fn: StepFn) -> CheckResult:
     ``fn(model, optimizer, scaler, inputs, targets, loss_fn, max_norm)`` must do one float16
     training step with clipping and return the loss as a float. Takes well under a second.
     """
-    found = []
-    for scenario in SCENARIOS:
-        outcome = _run(fn, scenario)
-        problems = _step_problems(outcome, scenario)
-        error = next((run for run in outcome.runs if run.error is not None), None)
-        if error is None:
-            problems += _result_problems(outcome, scenario, bool(problems))
-        elif crashed := error_problem(error, "fp16_step", after_others=bool(problems)):
-            problems.append(crashed)  # last: often GradScaler refusing a call order named above
-        found.append((scenario.name, problems))
-        if error is not None and error.timed_out:
-            break  # the other scenarios would only wait for the time limit again
-    return report(collect(found, PRAISE), "02", "fp16_step")
+    return EXERCISE.check(SCENARIOS, lambda scenario: _scenario_problems(fn, scenario))
+
+
+def _scenario_problems(fn: StepFn, scenario: Scenario) -> list[Problem]:
+    outcome = _run(fn, scenario)
+    problems = _step_problems(outcome, scenario)
+    error = next((run for run in outcome.runs if run.error is not None), None)
+    if error is None:
+        problems += _result_problems(outcome, scenario, bool(problems))
+    elif crashed := error_problem(error, "fp16_step", after_others=bool(problems)):
+        problems.append(crashed)  # last: often GradScaler refusing a call order named above
+    return problems

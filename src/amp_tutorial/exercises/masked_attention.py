@@ -24,11 +24,10 @@ from amp_tutorial.exercises.checking import (
     WRONG_RETURN,
     Attempt,
     CheckResult,
+    Exercise,
     Problem,
     attempt,
-    collect,
     error_problem,
-    report,
     type_problem,
 )
 
@@ -61,6 +60,7 @@ PRAISE = ("All checks passed: float16 tensors, float16 under CPU autocast and fl
           "float64 attention, with scores beyond float16's range, random and causal masks, and "
           "zeros for fully masked rows; the inputs stay unchanged and a q that requires grad "
           "works.")
+EXERCISE = Exercise("13", "masked_attention", PRAISE)
 OVERFLOW_ERROR = "cannot be converted to type c10::Half without overflow"  # torch's own words
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], object]
@@ -404,5 +404,4 @@ def check_masked_attention(fn: AttentionFn) -> CheckResult:
     timed_out = any(o.run.timed_out for o in outcomes)
     named = [(s.name, problems) for s, problems in found.items()]
     grad = [] if timed_out else _grad_problems(fn)
-    return report(collect([*named, ("float32, q requires grad", grad)], PRAISE), "13",
-                  "masked_attention")
+    return EXERCISE.report([*named, ("float32, q requires grad", grad)])

@@ -25,11 +25,10 @@ from amp_tutorial.exercises.checking import (
     TIMED_OUT,
     Attempt,
     CheckResult,
+    Exercise,
     Problem,
     attempt,
-    collect,
     error_problem,
-    report,
 )
 from amp_tutorial.exercises.training_spy import TrainingSpy
 
@@ -65,6 +64,7 @@ HISTORY_NOT_LIKE_FP32 = "history-not-like-fp32"
 __all__ = ["RAISED", "TIMED_OUT", "check_train_with_amp", "make_exercise_problem", "train_fp32"]
 PRAISE = ("All checks passed: autocast, GradScaler, clipping, zeroing and the loss history are "
           "right (float16 and bfloat16).")
+EXERCISE = Exercise("06", "train_with_amp", PRAISE)
 
 TrainFn = Callable[..., object]
 
@@ -313,11 +313,12 @@ def check_train_with_amp(fn: TrainFn) -> CheckResult:
     ``fn(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype, max_grad_norm=None)``
     must return the mean loss of each epoch. Takes about a second on a laptop CPU.
     """
-    found = []
-    for scenario in SCENARIOS:
-        spy, run = _run(fn, scenario)
-        problems = _process_problems(spy, scenario, run)
-        if run.error is None:
-            problems += _history_problems(run.value, _fp32_reference(scenario), bool(problems))
-        found.append((scenario.name, problems))
-    return report(collect(found, PRAISE), "06", "train_with_amp")
+    return EXERCISE.check(SCENARIOS, lambda scenario: _scenario_problems(fn, scenario))
+
+
+def _scenario_problems(fn: TrainFn, scenario: Scenario) -> list[Problem]:
+    spy, run = _run(fn, scenario)
+    problems = _process_problems(spy, scenario, run)
+    if run.error is None:
+        problems += _history_problems(run.value, _fp32_reference(scenario), bool(problems))
+    return problems
