@@ -319,9 +319,10 @@ print("missing scaler state -> scale differs; missing data state -> parameters d
 #
 # `save(path, model, optimizer, scaler, step)` writes a checkpoint to `path` (a `pathlib.Path`);
 # `load(path, model, optimizer, scaler)` restores it into the objects it is given and returns the
-# step. The checker trains a small network on the CPU in float16 with a GradScaler and Adam, saves
-# after step 3, loads into fresh objects, trains on, and compares with a run that never stopped:
-# the parameters bit for bit (`torch.equal`), the scale after every step, and the step.
+# step. The checker trains a small network with a BatchNorm on the CPU in float16 with a GradScaler
+# and Adam (its learning rate decaying every step), saves after step 3, loads into fresh objects,
+# trains on, and compares with a run that never stopped: the state right after load (buffers and
+# learning rate too), the parameters bit for bit (`torch.equal`), the scale after every step.
 
 # %% tags=["exercise"] solution="save_and_load.py"
 # YOUR CODE: replace both bodies, run this cell, then the checker below.

@@ -23,6 +23,14 @@ if TYPE_CHECKING:
     from playwright.sync_api import Browser
 
 
+# --- Graded checks record attempts (amp_tutorial.progress): into a temporary workspace here ---
+
+@pytest.fixture(autouse=True)
+def _attempts_workspace(tmp_path_factory: pytest.TempPathFactory,
+                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AMP_TUTORIAL_WORKSPACE", str(tmp_path_factory.getbasetemp()))
+
+
 # --- The Docker engine and the test base image (tests/support/docker_env.py) ---
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from amp_tutorial.progress import record_attempt
+
 
 @dataclass(frozen=True)
 class Question:
@@ -293,6 +295,7 @@ class QuizResult:
 
 def check_quiz(answers: Mapping[int, str | None]) -> QuizResult:
     """Mark ``{question number: letter}``; a right answer shows why, a wrong one only says so.
+    Each check is recorded in the learner's progress (``amp_tutorial.progress``).
     """
     result = QuizResult()
     for number, q in QUESTIONS.items():
@@ -310,4 +313,6 @@ def check_quiz(answers: Mapping[int, str | None]) -> QuizResult:
         else:
             result.marks[number] = "wrong"
             result.lines.append(f"{number}. not {given!r}: think again (re-run to check)")
+    keys = [f"question-{n}-{mark}" for n, mark in result.marks.items() if mark != "correct"]
+    record_attempt("06", "quiz", result.all_correct, keys, str(result).splitlines()[0])
     return result

@@ -39,6 +39,8 @@ def accumulated_loop(
     unscale: str = "when clipping",  # "when clipping", "always" or "every micro-batch"
     clip: bool = True,
     clip_before_unscale: bool = False,
+    clip_limit: Callable[[float | None, int], float | None] = lambda limit, size: limit,
+    clip_only_fp16: bool = False,  # clip only when the scaler is enabled
     scaler_kind: str = "given",  # "given", "new per group", "none for bf16"
     last_group: str = "step",  # "step" or "skip"
     backward_each: bool = True,  # False: sum the group's losses, one backward per group
@@ -53,18 +55,19 @@ def accumulated_loop(
             micro_batches = micro_batches[:n - n % k]
         owner = model if zero_on_model else optimizer
         use_scaler = not (scaler_kind == "none for bf16" and amp_dtype == torch.bfloat16)
-        clipping = clip and max_grad_norm is not None
-
         def backward(loss: torch.Tensor) -> None:
             (scaler.scale(loss) if use_scaler else loss).backward()
 
-        def unscale_and_clip() -> None:
+        def unscale_and_clip(size: int) -> None:
+            limit = clip_limit(max_grad_norm, size)
+            clipping = (clip and limit is not None
+                        and not (clip_only_fp16 and amp_dtype != torch.float16))
             if clipping and clip_before_unscale:
-                nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+                nn.utils.clip_grad_norm_(model.parameters(), limit)
             if use_scaler and (clipping or unscale == "always"):
                 scaler.unscale_(optimizer)
             if clipping and not clip_before_unscale:
-                nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+                nn.utils.clip_grad_norm_(model.parameters(), limit)
 
         group_losses, micro_losses = [], []
         for start in range(0, len(micro_batches), k):
@@ -86,13 +89,13 @@ def accumulated_loop(
                     backward(loss)
                 else:
                     held.append(loss)
-                if unscale == "every micro-batch" and clipping:
-                    unscale_and_clip()
+                if unscale == "every micro-batch" and clip and max_grad_norm is not None:
+                    unscale_and_clip(len(group))
                 if step_every == "micro-batch" or j == len(group) - 1:
                     if held:
                         backward(sum(held))
                     if unscale != "every micro-batch":
-                        unscale_and_clip()
+                        unscale_and_clip(len(group))
                     if use_scaler:
                         scaler.step(optimizer)
                     else:
@@ -152,6 +155,14 @@ MISTAKES = [
     ("unscale_ and clip every micro-batch", accumulated_loop(unscale="every micro-batch"),
      exercise.UNSCALED_MID_GROUP, True),
     ("clipping ignored", accumulated_loop(clip=False), exercise.NOT_CLIPPED, False),
+    ("clipping only when the scaler is enabled (never in bfloat16)",
+     accumulated_loop(clip_only_fp16=True), exercise.NOT_CLIPPED, False),
+    ("max_grad_norm divided by the group's size",
+     accumulated_loop(clip_limit=lambda limit, size: limit and limit / size),
+     exercise.OVER_CLIPPED, False),
+    ("clipping at 1.0 when max_grad_norm is None",
+     accumulated_loop(clip_limit=lambda limit, size: 1.0 if limit is None else limit),
+     exercise.CLIPPED_WITHOUT_MAX, False),
     ("scaler recreated per group", accumulated_loop(scaler_kind="new per group"),
      exercise.SCALER_REPLACED, False),
     ("short last group skipped", accumulated_loop(last_group="skip"),

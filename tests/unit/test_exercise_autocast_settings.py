@@ -90,6 +90,10 @@ MISTAKES = [
     ("the type of whatever is available",
      settings(device_type=lambda d: "cuda" if torch.cuda.is_available() else "cpu"),
      exercise.DEVICE_TYPE_OTHER_DEVICE),
+    ("the accelerator's type whenever one is available",  # issue 28: right on every GPU
+     settings(device_type=lambda d: "cuda" if torch.cuda.is_available() else "mps"
+              if torch.backends.mps.is_available() else d.type),
+     exercise.DEVICE_TYPE_OTHER_DEVICE),
     ("bf16 with emulation counted (no including_emulation=False)",
      settings(native=lambda d: getattr(torch, d.type).is_bf16_supported()),
      exercise.BF16_EMULATED),

@@ -28,7 +28,9 @@ Pair = tuple[Callable[..., object], Callable[..., object]]
 def checkpoint_pair(
     *,
     parts: tuple[str, ...] = ("model", "optimizer", "scaler"),  # the state dicts saved
-    model_as: str = "state dict",  # "state dict", "object" (the module) or "float16"
+    model_as: str = "state dict",  # "state dict", "object" (the module), "float16" or
+    # "parameters" (named_parameters only, loaded with strict=False: no buffers)
+    optimizer_as: str = "state dict",  # "state dict" or "moments" (its "state" only)
     scaler_as: str = "state dict",  # "state dict" or "scale" (get_scale() only)
     weights_only: bool | None = None,  # None: torch.load's default
     save_step: bool = True,
@@ -42,9 +44,11 @@ def checkpoint_pair(
         if "model" in parts:
             state["model"] = {"state dict": model.state_dict(), "object": model,
                               "float16": {k: v.half() for k, v in model.state_dict().items()},
+                              "parameters": {k: v.detach() for k, v in model.named_parameters()},
                               }[model_as]
         if "optimizer" in parts:
-            state["optimizer"] = optimizer.state_dict()
+            state["optimizer"] = (optimizer.state_dict() if optimizer_as == "state dict"
+                                  else optimizer.state_dict()["state"])
         if "scaler" in parts:
             state["scaler"] = (scaler.state_dict() if scaler_as == "state dict"
                                else scaler.get_scale())
@@ -58,10 +62,13 @@ def checkpoint_pair(
         if "model" in parts:
             saved = checkpoint["model"]
             model.load_state_dict(saved.state_dict() if model_as == "object" else saved,
-                                  assign=assign)
+                                  assign=assign, strict=model_as != "parameters")
         if "optimizer" in parts:
             if rebind == "optimizer":
                 optimizer = torch.optim.Adam(model.parameters())
+            if optimizer_as == "moments":  # the fresh optimizer's param_groups, the saved state
+                checkpoint["optimizer"] = {**optimizer.state_dict(),
+                                           "state": checkpoint["optimizer"]}
             optimizer.load_state_dict(checkpoint["optimizer"])
         if "scaler" in parts:
             if rebind == "scaler":
@@ -114,6 +121,10 @@ MISTAKES = [
      exercise.OPTIMIZER_NOT_SAVED),
     ("model not saved (the optimizer's state has no weights)",
      checkpoint_pair(parts=("optimizer", "scaler")), exercise.MODEL_NOT_SAVED),
+    ("model parameters only (named_parameters, strict=False): BatchNorm's buffers lost",
+     checkpoint_pair(model_as="parameters"), exercise.BUFFERS_LOST),
+    ("Adam's moments only: the decayed learning rate lost",
+     checkpoint_pair(optimizer_as="moments"), exercise.PARAM_GROUPS_LOST),
     ("model object saved, torch.load's default", checkpoint_pair(model_as="object"),
      exercise.OBJECTS_SAVED),
     ("model object saved, weights_only=False",

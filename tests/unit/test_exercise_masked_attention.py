@@ -108,8 +108,8 @@ def hand_written_einsum(q, k, v, mask):
 
 
 def scales_q_in_place(q, k, v, mask):
-    """Right, with a side effect the checker must survive: q is scaled in place, SDPA's own scale
-    is switched off, and fully masked rows are zeroed by masked_fill."""
+    """Right values, wrong by a side effect (issue 28): q is scaled in place, so the caller's q
+    changes and a q that requires grad raises; SDPA's own scale is switched off."""
     q.mul_(q.shape[-1] ** -0.5)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
     return out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
@@ -148,6 +148,7 @@ MISTAKES = [
      False),
     ("softmax over the queries", attention(softmax="dim -2"), exercise.NOT_LIKE_REFERENCE,
      False),
+    ("q scaled in place", scales_q_in_place, exercise.INPUTS_MODIFIED, False),
     ("returns a list", lambda q, k, v, mask: attention()(q, k, v, mask).tolist(),
      checking.WRONG_RETURN, False),
 ]
@@ -207,7 +208,6 @@ CORRECT = {
     "q scaled first, finfo(float16).min fill, softmax by hand minus the max": attention(
         scores="scale q first", fill="finfo", softmax="max subtracted"),
     "einsum, additive float32 mask, nan_to_num on the output": hand_written_einsum,
-    "q scaled in place, SDPA with scale=1.0, masked_fill on fully masked rows": scales_q_in_place,
 }
 
 

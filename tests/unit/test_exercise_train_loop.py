@@ -56,6 +56,7 @@ def amp_loop(
     unscale_every_step: bool = False,  # unscale_ also when there is no clipping
     clip: bool = True,
     clip_before_unscale: bool = False,
+    clip_limit: Callable[[float | None], float | None] = lambda limit: limit,
     clip_value_too: bool = False,  # a no-op clip_grad_value_ after unscale_, before the norm clip
     step: bool = True,
     step_via_scaler: bool = True,
@@ -91,6 +92,7 @@ def amp_loop(
                        max_grad_norm=None):
         grad_scaler = make_scaler(device_type, amp_dtype)
         use_scaler = grad_scaler is not None
+        max_grad_norm = clip_limit(max_grad_norm)
         clipping = clip and max_grad_norm is not None
         unscale_now = use_scaler and (clipping or unscale_every_step)
 
@@ -206,6 +208,11 @@ MISTAKES = [
     ("clip before unscale_", amp_loop(clip_before_unscale=True), exercise.CLIP_BEFORE_UNSCALE,
      False),
     ("clipping ignored", amp_loop(clip=False), exercise.NOT_CLIPPED, False),
+    ("max_grad_norm halved", amp_loop(clip_limit=lambda limit: limit and limit / 2),
+     exercise.OVER_CLIPPED, False),
+    ("clipping at 1.0 when max_grad_norm is None",
+     amp_loop(clip_limit=lambda limit: 1.0 if limit is None else limit),
+     exercise.CLIPPED_WITHOUT_MAX, False),
     ("no backward", amp_loop(backward=False), exercise.NO_BACKWARD, True),
     ("no optimizer step", amp_loop(step=False), exercise.NO_OPTIMIZER_STEP, True),
     ("returns None", amp_loop(history=lambda losses, scaled, n: None), exercise.BAD_HISTORY,

@@ -1,11 +1,14 @@
 """The ``train_accumulated`` exercise (lesson 05): gradient accumulation with a GradScaler.
 
 ``check_train_accumulated(fn)`` runs the learner's function on the CPU (float16 with a GradScaler,
-float16 with clipping, bfloat16 with a disabled scaler) over ``N_MICRO`` micro-batches in groups of
-``ACCUMULATION`` (the last group shorter). An :class:`AccumulationSpy` (a ``TrainingSpy`` that also
-knows where each group starts and ends) watches the order of the calls; at every optimizer step it
-keeps the parameters and gradients, and the checker compares each step's gradient with fp32
-autograd on the group's micro-batches taken as one big batch, at the same parameters.
+float16 with clipping, bfloat16 with a disabled scaler, with and without clipping, and float16 on
+targets ten times larger, whose gradient norm is above 1 with no clipping asked for) over
+``N_MICRO`` micro-batches in groups of ``ACCUMULATION`` (the last group shorter). An
+:class:`AccumulationSpy` (a ``TrainingSpy`` that also knows where each group starts and ends)
+watches the order of the calls; at every optimizer step it keeps the parameters and gradients,
+and the checker compares each step's gradient with fp32
+autograd on the group's micro-batches taken as one big batch, at the same parameters, and the
+norm the step used with the one clipping asks for (max_grad_norm, or none).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from amp_tutorial.exercises.checking import (
     attempt,
     collect,
     error_problem,
+    report,
     type_problem,
 )
 from amp_tutorial.exercises.training_spy import TrainingSpy
@@ -40,6 +44,7 @@ ACCUMULATION = 3  # groups of 3, 3 and 2 micro-batches: the last group is shorte
 LEARNING_RATE = 0.05  # SGD: a step is proportional to the gradient, so a wrong sum shows
 INIT_SCALE = 2.0**8  # a modest start: no overflow here even if the loss is not divided
 MAX_GRAD_NORM = 0.1  # below the accumulated gradient's norm (0.3 to 0.5): clipping clips
+LARGE_TARGETS = 10.0  # targets times 10: gradient norms above 1, where a default clip would fire
 GRAD_RTOL = 0.03  # measured: correct runs stay within 0.1% (float16) and 0.8% (bfloat16) of
 LOSS_RTOL = 0.03  # fp32's gradient and loss on the same big batch; a mistake is off by 33%+
 DEVICE_TYPE = "cpu"  # float16 and bfloat16 autocast and GradScaler("cpu") all run on the CPU
@@ -58,6 +63,8 @@ ZEROED_MID_GROUP = "zeroed-mid-group"
 GRADS_NOT_ZEROED = "grads-not-zeroed"
 UNSCALED_MID_GROUP = "unscaled-mid-group"
 NOT_CLIPPED = "not-clipped"
+OVER_CLIPPED = "over-clipped"
+CLIPPED_WITHOUT_MAX = "clipped-without-max-grad-norm"
 SCALER_REPLACED = "scaler-replaced"
 GRADIENT_NOT_LIKE_FP32 = "gradient-not-like-fp32"
 BAD_LOSSES = "bad-losses"
@@ -74,6 +81,7 @@ class Scenario:
     name: str
     amp_dtype: torch.dtype
     max_grad_norm: float | None = None
+    target_scale: float = 1.0
 
     def new_scaler(self) -> torch.amp.GradScaler:
         return torch.amp.GradScaler(DEVICE_TYPE, init_scale=INIT_SCALE,
@@ -84,6 +92,8 @@ SCENARIOS = (
     Scenario("float16", torch.float16),
     Scenario("float16 + clipping", torch.float16, MAX_GRAD_NORM),
     Scenario("bfloat16, disabled scaler", torch.bfloat16),
+    Scenario("bfloat16 + clipping", torch.bfloat16, MAX_GRAD_NORM),
+    Scenario("float16, gradient norm above 1", torch.float16, target_scale=LARGE_TARGETS),
 )
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -97,7 +107,7 @@ def group_sizes(n_micro: int, k: int) -> list[int]:
     return [min(k, n_micro - start) for start in range(0, n_micro, k)]
 
 
-def make_micro_batches(seed: int = 0) -> tuple[nn.Module, Batches]:
+def make_micro_batches(seed: int = 0, target_scale: float = 1.0) -> tuple[nn.Module, Batches]:
     """A small tanh MLP and ``N_MICRO`` micro-batches of a smooth regression, on the CPU.
 
     tanh, not ReLU: a ReLU input near zero can flip sign between float16 and fp32 and move the
@@ -111,7 +121,7 @@ def make_micro_batches(seed: int = 0) -> tuple[nn.Module, Batches]:
     generator = torch.Generator().manual_seed(seed)
     direction = torch.randn(8, 1, generator=generator)
     inputs = torch.randn(N_MICRO * MICRO_BATCH_SIZE, 8, generator=generator)
-    targets = torch.sin(inputs @ direction)
+    targets = torch.sin(inputs @ direction) * target_scale
     return model, list(zip(inputs.chunk(N_MICRO), targets.chunk(N_MICRO), strict=True))
 
 
@@ -142,6 +152,7 @@ class AccumulationSpy(TrainingSpy):
         self.unscaled_grads: list[torch.Tensor | None] | None = None  # right after unscale_
         self.step_grads: list[torch.Tensor | None] | None = None  # those of the step now running
         self.stepped = 0  # enabled scaler.step calls since the last update
+        self.unscaled_by_hand = False  # unscale_ called (a disabled scaler's too) since backward
 
     def group_size(self) -> int:
         """How many micro-batches the group now running should have, by the contract."""
@@ -159,9 +170,9 @@ class AccumulationSpy(TrainingSpy):
             self.count["group_not_zeroed"] += 1
         elif self.backwards and not has:  # the group's earlier backward calls were wiped
             self.count["zeroed_mid_group"] += 1
-        self.count["unscaled_mid_group"] += self.unscaled_grads is not None
+        self.count["unscaled_mid_group"] += self.unscaled_by_hand
         self.backwards += 1
-        self.unscaled_grads = None
+        self.unscaled_grads, self.unscaled_by_hand = None, False
         return super().backward(original, tensors, *args, **kwargs)
 
     def scale(self, original: Callable, scaler: torch.amp.GradScaler, outputs):
@@ -172,6 +183,7 @@ class AccumulationSpy(TrainingSpy):
         inside_step = self.in_scaler_step  # step() unscales for you
         if scaler.is_enabled() and not inside_step:
             self.count["step_without_update"] += self.stepped > 0
+        self.unscaled_by_hand = self.unscaled_by_hand or not inside_step
         result = super().unscale_(original, scaler, optimizer)
         if scaler.is_enabled() and not inside_step:  # the gradients before any clipping; a
             self.unscaled_grads = self.grads()  # backward before the step is a mistake
@@ -187,6 +199,7 @@ class AccumulationSpy(TrainingSpy):
         self.first, self.done = self.done, self.done + self.forwards
         self.forwards = self.backwards = 0
         self.step_grads, self.unscaled_grads = self.unscaled_grads, None
+        self.unscaled_by_hand = False
 
     def step(self, original: Callable, scaler: torch.amp.GradScaler, optimizer, *args, **kwargs):
         self.stepping()
@@ -207,11 +220,11 @@ class AccumulationSpy(TrainingSpy):
         super().on_optimizer_step(optimizer, args, kwargs)
         self.snapshots.append(Snapshot(self.first, self.done,
                                        [p.detach().clone() for p in self.params],
-                                       self.step_grads or self.grads()))
+                                       self.step_grads or self.pre_clip or self.grads()))
 
 
 def _run(fn: Callable[..., object], scenario: Scenario) -> tuple[AccumulationSpy, Attempt, Batches]:
-    model, micro_batches = make_micro_batches()
+    model, micro_batches = make_micro_batches(target_scale=scenario.target_scale)
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
     scaler = scenario.new_scaler()
     spy = AccumulationSpy(model, optimizer, scenario, scaler)
@@ -277,6 +290,17 @@ RULES = [
      "happen.", "once per group, after its last backward: scaler.unscale_(optimizer), then "
      "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm), then "
      "scaler.step(optimizer)."),
+    ("over_clipped", OVER_CLIPPED, f"max_grad_norm={MAX_GRAD_NORM} was given, but the optimizer "
+     "stepped with a gradient norm of {clipped:.3g}, well below it, although the group's "
+     "gradient was larger ({n}).", "Clipping scales the gradient down to max_grad_norm, no "
+     "further: a smaller norm is a smaller step than the caller asked for (dividing "
+     "max_grad_norm by the group's size, or clipping each micro-batch, does this).", "clip once "
+     "per group, after scaler.unscale_(optimizer): torch.nn.utils.clip_grad_norm_("
+     "model.parameters(), max_grad_norm), with max_grad_norm as given."),
+    ("clipped_without_limit", CLIPPED_WITHOUT_MAX, "max_grad_norm was None, but the gradient "
+     "was clipped: the optimizer stepped with a norm of {clipped:.3g} where the group's gradient "
+     "was larger ({n}).", "None means no clipping: a default such as 1.0 shortens every step "
+     "whose gradient norm is above it.", "clip only `if max_grad_norm is not None:`."),
 ]
 
 
@@ -288,8 +312,8 @@ def _process_problems(spy: AccumulationSpy, run: Attempt) -> list[Problem]:
     sizes = f"{spy.sizes} micro-batches per step where the contract asks for {expected}"
     for count, key, what, why, fix in RULES:
         if c[count]:
-            found.append(Problem.named(key, what.format(n=times(c[count]), sizes=sizes), why,
-                                       fix))
+            found.append(Problem.named(key, what.format(n=times(c[count]), sizes=sizes,
+                                                        clipped=spy.clipped_to), why, fix))
     if run.error is None and not found and spy.sizes != expected:
         if spy.sizes == expected[:-1] and N_MICRO % k:
             found.append(Problem.named(
@@ -438,4 +462,4 @@ def check_train_accumulated(fn: Callable[..., object]) -> CheckResult:
             if not problems:
                 problems = _loss_problems(run.value, reference_losses, len(spy.sizes))
         found.append((scenario.name, problems))
-    return collect(found, PRAISE)
+    return report(collect(found, PRAISE), "05", "train_accumulated")

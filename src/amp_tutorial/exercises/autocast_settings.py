@@ -1,14 +1,16 @@
 """The ``autocast_settings`` exercise (lesson 01): from a ``torch.device``, the ``device_type`` for
 ``torch.autocast``, the autocast dtype, and whether a GradScaler is needed.
 
-``check_autocast_settings(fn)`` calls the learner's function for a CPU, ``cuda:0`` on a simulated
-Ampere GPU (native bf16) and on a simulated T4 (bf16 only emulated), ``mps``, and ``xpu:0`` with
-and without native bf16. A device is simulated by replacing, for the call only, the torch
-functions a correct answer asks (:data:`SIMULATED`); everything is restored afterwards, autocast's
-own state included. Each answer is compared with the course's rule and handed to
-``torch.autocast`` (entered; on the CPU a matmul inside shows the dtype), and the messages quote
-what autocast did with it. ROCm is left out: ``torch.cuda.is_bf16_supported()`` says True for every
-ROCm GPU, so the course reads the architecture there (``amp_tutorial.device.rocm_bf16_native``).
+``check_autocast_settings(fn)`` calls the learner's function for a CPU (alone, beside a simulated
+T4, and beside an Apple GPU: the answer must follow the device given, not what is available),
+``cuda:0`` on a simulated Ampere GPU (native bf16) and on a simulated T4 (bf16 only emulated),
+``mps``, and ``xpu:0`` with and without native bf16. A device is simulated by replacing, for the
+call only, the torch functions a correct answer asks (:data:`SIMULATED`); everything is restored
+afterwards, autocast's own state included. Each answer is compared with the course's rule
+and handed to ``torch.autocast`` (entered; on the CPU a matmul inside shows the dtype), and the
+messages quote what autocast did with it. ROCm is left out: ``torch.cuda.is_bf16_supported()``
+says True for every ROCm GPU, so the course reads the architecture there
+(``amp_tutorial.device.rocm_bf16_native``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from amp_tutorial.exercises.checking import (
     attempt,
     collect,
     error_problem,
+    report,
     type_problem,
 )
 
@@ -50,7 +53,8 @@ SCALER_WITH_BF16 = "scaler-with-bf16"
 SCALER_NOT_BOOL = "scaler-not-bool"
 WRONG_ORDER = "wrong-order"
 __all__ = ["RAISED", "TIMED_OUT", "WRONG_RETURN", "check_autocast_settings", "expected_settings"]
-PRAISE = ("All checks passed: device_type, dtype and use_scaler are right for the CPU, an Ampere "
+PRAISE = ("All checks passed: device_type, dtype and use_scaler are right for the CPU (also on "
+          "machines with a CUDA or an Apple GPU), an Ampere "
           "and a T4 GPU, MPS, and an XPU with and without native bfloat16, and torch.autocast "
           "took every answer (on the CPU a matmul inside it ran in bfloat16).")
 
@@ -104,6 +108,10 @@ SCENARIOS = (
              torch.device("xpu", 0), xpu_native_bf16=True),
     Scenario("xpu:0 (bf16 emulated)", "simulated Intel GPU that only emulates bf16",
              torch.device("xpu", 0), xpu_native_bf16=False),
+    Scenario("cpu (CUDA present)", "the CPU of a machine with a simulated T4",
+             torch.device("cpu"), cuda_capability=(7, 5)),
+    Scenario("cpu (MPS present)", "the CPU of a Mac with an Apple GPU", torch.device("cpu"),
+             mps=True),
 )
 
 
@@ -251,6 +259,17 @@ def _device_type_problem(value: object, scenario: Scenario, reaction: AutocastRe
             f"{fix} Never str(device).")
     effect = ("Autocast keeps one switch per device type and changes only ops on tensors of "
               f"that type, so the ops on {_shown(device)} would run without it")
+    available = ((scenario.cuda_capability is not None and base == "cuda")
+                 or (scenario.mps and base == "mps")
+                 or (scenario.xpu_native_bf16 is not None and base == "xpu"))
+    if available:  # the type of an accelerator this machine has, for a device of another type
+        return Problem.named(
+            DEVICE_TYPE_OTHER_DEVICE, f"device_type was {value!r} for {_shown(device)} on a "
+            f"machine that also has a {base} device.", f"{effect} ({reaction}). A machine with "
+            "a GPU still runs code on its CPU (data loading, a model kept there on purpose), so "
+            "the device given decides, not which devices torch finds available.",
+            f"{fix} Read it from the device, not from torch.cuda.is_available() or "
+            "torch.backends.mps.is_available().")
     if base == "cuda":
         return Problem.named(
             DEVICE_TYPE_HARD_CODED, f'device_type was a hard-coded "cuda" for {_shown(device)}.',
@@ -377,8 +396,14 @@ def check_autocast_settings(fn: SettingsFn) -> CheckResult:
         if not problems and reaction is not None and not reaction.accepted:
             refused.append(f"[{scenario.name}] {reaction}")
     praise = PRAISE if not refused else (
-        "All checks passed: device_type, dtype and use_scaler are right for the CPU, an Ampere "
-        "and a T4 GPU, MPS, and an XPU with and without native bfloat16. This torch "
+        "All checks passed: device_type, dtype and use_scaler are right for the CPU (also on "
+        "machines with a CUDA or an Apple GPU), an Ampere and a T4 GPU, MPS, and an XPU with "
+        "and without native bfloat16. This torch "
         f"({torch.__version__}) did not take every right answer, a limit of this torch and not "
         "of your function: " + "; ".join(refused) + ".")
-    return collect(found, praise)
+    if any(p.key == DEVICE_TYPE_HARD_CODED for _, problems in found for p in problems):
+        # "cuda" for the CPU of a CUDA machine is the hard-coded "cuda" named there: once
+        found = [(name, [p for p in problems if not (p.key == DEVICE_TYPE_OTHER_DEVICE
+                                                     and "'cuda' for" in p.message)])
+                 for name, problems in found]
+    return report(collect(found, praise), "01", "autocast_settings")

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from amp_tutorial.progress import record_attempt
+
 RAISED = "raised"
 TIMED_OUT = "timed-out"
 WRONG_RETURN = "wrong-return"
@@ -164,4 +166,10 @@ def collect(found: Iterable[tuple[str, Iterable[Problem]]], praise: str) -> Chec
     result = CheckResult(praise=praise)
     for key, problem in first.items():
         result.problems.append(Problem(key, f"[{', '.join(where[key])}] {problem.message}"))
+    return result
+
+
+def report(result: CheckResult, lesson: str, exercise: str) -> CheckResult:
+    """Record the check in the learner's progress (``amp_tutorial.progress``) and return it."""
+    record_attempt(lesson, exercise, result.passed, result.keys, str(result))
     return result

@@ -1,8 +1,10 @@
 """The ``save`` / ``load`` exercise (lesson 05): a checkpoint that resumes AMP training bit for bit.
 
-``check_save_and_load(save, load)`` trains lesson 06's small MLP on the CPU in float16 with a
-GradScaler whose scale grows every ``GROWTH_INTERVAL`` steps, and Adam (whose moments a resumed
-run needs). It saves with the learner's ``save`` after ``SAVE_AT`` of ``STEPS`` steps, loads with
+``check_save_and_load(save, load)`` trains lesson 06's small MLP behind a BatchNorm (whose running
+statistics are buffers, not parameters) on the CPU in float16 with a GradScaler whose scale grows
+every ``GROWTH_INTERVAL`` steps, and Adam (whose moments a resumed run needs) with a learning rate
+that decays every step as a schedule would set it (so ``optimizer.param_groups`` carries state).
+It saves with the learner's ``save`` after ``SAVE_AT`` of ``STEPS`` steps, loads with
 the learner's ``load`` into a fresh model (other initial weights), optimizer and scaler, trains
 the rest, and compares with an uninterrupted run: every parameter equal (``torch.equal``), the
 scale after every step equal, the step returned right. When they differ, it reads what ``save``
@@ -35,6 +37,7 @@ from amp_tutorial.exercises.checking import (
     attempt,
     collect,
     error_problem,
+    report,
     type_problem,
 )
 from amp_tutorial.exercises.train_loop import make_exercise_problem
@@ -44,6 +47,7 @@ SAVE_AT = 3  # 5 steps after the resume: an odd number, so a lost growth count s
 LEARNING_RATE = 1e-2
 INIT_SCALE = 256.0
 GROWTH_INTERVAL = 2  # the scale doubles every 2 good steps: 256 -> 4096 over the run
+LR_DECAY = 0.9  # lr times 0.9 after every step, as ExponentialLR would: a fresh Adam has lr 1e-2
 DEVICE_TYPE = "cpu"  # float16 autocast and GradScaler("cpu") run on the CPU
 SCENARIO = "float16 + GradScaler, Adam"
 
@@ -52,6 +56,8 @@ NOTHING_WRITTEN = "nothing-written-at-path"
 OBJECTS_SAVED = "objects-pickled"
 MODEL_NOT_SAVED = "model-not-saved"
 OPTIMIZER_NOT_SAVED = "optimizer-not-saved"
+PARAM_GROUPS_LOST = "optimizer-param-groups-lost"
+BUFFERS_LOST = "model-buffers-lost"
 SCALER_NOT_SAVED = "scaler-not-saved"
 SCALE_ONLY = "scale-without-growth-tracker"
 NOT_LOADED = "state-not-loaded-into-object"
@@ -61,7 +67,8 @@ RESUME_DIFFERS = "resume-differs"
 __all__ = ["RAISED", "TIMED_OUT", "WRONG_RETURN", "check_save_and_load"]
 PRAISE = (f"All checks passed: saved after step {SAVE_AT} and loaded into fresh objects, the run "
           f"resumed at the right step and ended bit for bit like the uninterrupted one "
-          "(parameters, Adam's state, the GradScaler's scale and growth count).")
+          "(parameters and BatchNorm's running statistics, Adam's state and its decayed learning "
+          "rate, the GradScaler's scale and growth count).")
 
 
 @dataclass
@@ -75,7 +82,8 @@ class Run:
 
     @classmethod
     def start(cls, seed: int = 0) -> Run:
-        model, _ = make_exercise_problem(seed)
+        mlp, _ = make_exercise_problem(seed)
+        model = nn.Sequential(nn.BatchNorm1d(mlp[0].in_features), *mlp)  # buffers to carry
         return cls(model, torch.optim.Adam(model.parameters(), lr=LEARNING_RATE),
                    torch.amp.GradScaler(DEVICE_TYPE, init_scale=INIT_SCALE,
                                         growth_interval=GROWTH_INTERVAL))
@@ -91,6 +99,8 @@ class Run:
             self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            for group in self.optimizer.param_groups:  # what a learning-rate schedule does
+                group["lr"] *= LR_DECAY
             self.scales.append(self.scaler.get_scale())
 
     def state(self) -> dict[str, Any]:
@@ -218,13 +228,30 @@ def _how_it_ended(resumed: Resumed) -> str:
 SIGNIFICANT_BITS = {torch.float16: 11, torch.bfloat16: 8}
 
 
+def _split(state: Mapping[str, Any], buffers: set[str]) -> tuple[dict, dict]:
+    """A model state dict as (parameters, buffers)."""
+    return ({k: v for k, v in state.items() if k not in buffers},
+            {k: v for k, v in state.items() if k in buffers})
+
+
 def _state_problems(saved: dict[str, Any], now: dict[str, Any], written: Written,
-                    ended: Resumed) -> list[Problem]:
+                    ended: Resumed, buffers: set[str]) -> list[Problem]:
     """Which part of the saved state the fresh objects lack right after load (``now``), and
-    why."""
+    why. ``buffers``: the names of the model's buffers in its state dict."""
     found, not_loaded = [], []
     outcome = _how_it_ended(ended)
-    if not same(now["model"], saved["model"]):
+    (now_params, now_buffers), (saved_params, saved_buffers) = (
+        _split(now["model"], buffers), _split(saved["model"], buffers))
+    if same(now_params, saved_params) and not same(now_buffers, saved_buffers):
+        found.append(Problem.named(
+            BUFFERS_LOST, "After load the model's parameters were the saved ones, but its "
+            "buffers (BatchNorm's running_mean, running_var and num_batches_tracked) were a "
+            "fresh model's.", "Buffers are state too, kept in model.state_dict() but not in "
+            "model.parameters() or named_parameters(): the resumed model evaluates (in eval "
+            "mode) with running statistics back at their initial values (mean 0, variance 1), "
+            "and goes on updating them from there.", "save model.state_dict() (parameters and "
+            "buffers) and restore it with model.load_state_dict(...), strict as it is by default."))
+    elif not same(now["model"], saved["model"]):
         low = {t.dtype for part in [*written.model, now["model"]] for t in part.values()
                if t.dtype in SIGNIFICANT_BITS}
         if low:
@@ -247,7 +274,18 @@ def _state_problems(saved: dict[str, Any], now: dict[str, Any], written: Written
                 f"the resumed run trained from fresh weights.{outcome}",
                 "save model.state_dict() and restore it with model.load_state_dict(...)."))
     if not same(now["optimizer"], saved["optimizer"]):
-        if written.optimizer:
+        if same(now["optimizer"]["state"], saved["optimizer"]["state"]):
+            lrs = [g["lr"] for g in saved["optimizer"]["param_groups"]]
+            got = [g["lr"] for g in now["optimizer"]["param_groups"]]
+            found.append(Problem.named(
+                PARAM_GROUPS_LOST, f"After load Adam's moments were the saved ones, but its "
+                f"param_groups were not: learning rate {got[0]:g} where the saved run had "
+                f"{lrs[0]:g}.", "optimizer.param_groups hold the learning rate a schedule "
+                "has set (and the other hyperparameters); a fresh optimizer starts again from "
+                f"the one it was built with, so the resumed steps are too long.{outcome}",
+                "save the whole optimizer.state_dict() ('state' and 'param_groups') and restore "
+                "it with optimizer.load_state_dict(...)."))
+        elif written.optimizer:
             not_loaded.append("optimizer")
         else:
             found.append(Problem.named(
@@ -307,7 +345,7 @@ def check_save_and_load(save: Callable[..., object], load: Callable[..., object]
     ``load(path, model, optimizer, scaler)`` restores it into the objects given and returns the
     step. Float16 with a GradScaler and Adam, on the CPU; well under a second.
     """
-    return collect([(SCENARIO, _problems(save, load))], PRAISE)
+    return report(collect([(SCENARIO, _problems(save, load))], PRAISE), "05", "save_and_load")
 
 
 def _problems(save: Callable[..., object], load: Callable[..., object]) -> list[Problem]:
@@ -356,7 +394,8 @@ def _problems(save: Callable[..., object], load: Callable[..., object]) -> list[
             f"{SAVE_AT}.", "The caller resumes its loop at the step load returns: the data "
             "order, a learning-rate schedule and the number of steps left all follow it.",
             "save the step in the checkpoint and return it from load."))
-    found += _state_problems(saved, after_load, written, ended)
+    buffers = {name for name, _ in resumed.model.named_buffers()}
+    found += _state_problems(saved, after_load, written, ended, buffers)
     if not found and not ended.matches:
         found.append(_differs(resumed, ended))
     return found

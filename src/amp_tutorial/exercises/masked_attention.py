@@ -5,7 +5,8 @@ a checker that names the classic mistakes.
 float16 attention (a random mask with fully masked rows, a causal mask, scores near 20 and scores
 beyond float16's range before scaling) in three settings: float16 tensors, float16 tensors under
 CPU float16 autocast, and float32 tensors. It compares every result with attention computed in
-float64 and names the mistake from where and how it went wrong, without reading the source.
+float64 and names the mistake from where and how it went wrong, without reading the source. The
+inputs must be unchanged after every call, and a ``q`` that requires grad (training) must work.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from amp_tutorial.exercises.checking import (
     attempt,
     collect,
     error_problem,
+    report,
     type_problem,
 )
 
@@ -52,11 +54,13 @@ MASK_INVERTED = "mask-inverted"
 WRONG_DTYPE = "wrong-output-dtype"
 WRONG_SHAPE = "wrong-output-shape"
 NOT_LIKE_REFERENCE = "not-like-reference"
+INPUTS_MODIFIED = "inputs-modified-in-place"
 __all__ = ["RAISED", "TIMED_OUT", "WRONG_RETURN", "check_masked_attention", "make_cases",
            "reference_attention"]
 PRAISE = ("All checks passed: float16 tensors, float16 under CPU autocast and float32 agree with "
           "float64 attention, with scores beyond float16's range, random and causal masks, and "
-          "zeros for fully masked rows.")
+          "zeros for fully masked rows; the inputs stay unchanged and a q that requires grad "
+          "works.")
 OVERFLOW_ERROR = "cannot be converted to type c10::Half without overflow"  # torch's own words
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], object]
@@ -150,6 +154,7 @@ class Outcome:
     open_rows: str = "right"  # "right", "no scale", "inverted", "non-finite" or "wrong"
     masked_rows: str = "zero"  # "zero", "nan" or "not zero"
     error: float = 0.0
+    changed: tuple[str, ...] = ()  # the inputs the call changed in place
 
 
 def _worst(out: torch.Tensor, expected: torch.Tensor, rows: torch.Tensor) -> float:
@@ -194,21 +199,52 @@ def _judge(outcome: Outcome) -> None:
         outcome.masked_rows = "not zero"
 
 
-def _run(fn: AttentionFn, scenario: Scenario, case: Case) -> Outcome:
-    q, k, v = (t.to(scenario.dtype, copy=True) for t in (case.q, case.k, case.v))  # copies
-    mask = case.mask.clone()
+def _call(fn: AttentionFn, autocast: bool, *inputs: torch.Tensor) -> Attempt:
+    """``fn(*inputs)``, under CPU float16 autocast if asked, autocast's state restored after."""
     autocast_state = (torch.is_autocast_enabled(DEVICE_TYPE),
                       torch.get_autocast_dtype(DEVICE_TYPE))
     try:
-        with torch.autocast(DEVICE_TYPE, dtype=torch.float16, enabled=scenario.autocast):
-            run = attempt(fn, q, k, v, mask)
+        with torch.autocast(DEVICE_TYPE, dtype=torch.float16, enabled=autocast):
+            return attempt(fn, *inputs)
     finally:  # learner code that switched autocast by hand leaves no trace
         torch.set_autocast_enabled(DEVICE_TYPE, autocast_state[0])
         torch.set_autocast_dtype(DEVICE_TYPE, autocast_state[1])
-    outcome = Outcome(scenario, case, run)
+
+
+def _run(fn: AttentionFn, scenario: Scenario, case: Case) -> Outcome:
+    q, k, v = (t.to(scenario.dtype, copy=True) for t in (case.q, case.k, case.v))  # copies
+    mask = case.mask.clone()
+    before = {name: t.clone() for name, t in zip("qkv", (q, k, v), strict=True)}
+    before["mask"] = mask.clone()
+    run = _call(fn, scenario.autocast, q, k, v, mask)
+    after = dict(zip(("q", "k", "v", "mask"), (q, k, v, mask), strict=True))
+    outcome = Outcome(scenario, case, run, changed=tuple(
+        name for name, t in before.items() if not torch.equal(after[name], t)))
     if run.error is None:
         _judge(outcome)
     return outcome
+
+
+def _modified_problem(what: str) -> Problem:
+    return Problem.named(
+        INPUTS_MODIFIED, what, "The caller still holds these tensors: an in-place change (q.mul_"
+        "(scale), q *= scale, masked_fill_) alters its q, k, v or mask, so a second call on the "
+        "same tensors gives another answer, and on a q that requires grad (any trained "
+        "projection's output, or a leaf) autograd refuses it.", "compute new tensors: "
+        "q = q * scale (not q *= scale), scores.masked_fill(...) (no trailing underscore).")
+
+
+def _grad_problems(fn: AttentionFn) -> list[Problem]:
+    """Call ``fn`` once with a float32 ``q`` that requires grad, as in training."""
+    case = make_cases()[0]
+    q = case.q.clone().requires_grad_()
+    run = _call(fn, False, q, case.k.clone(), case.v.clone(), case.mask.clone())
+    if run.error is None:
+        return []
+    if "in-place operation" in str(run.error):
+        return [_modified_problem(f"With a q that requires grad, masked_attention raised "
+                                  f"{type(run.error).__name__}: {run.error}")]
+    return [p for p in (error_problem(run, "masked_attention"),) if p is not None]
 
 
 def _where(outcomes: list[Outcome]) -> str:
@@ -362,4 +398,11 @@ def check_masked_attention(fn: AttentionFn) -> CheckResult:
             found[o.scenario].append(_fill_problem(raised=True))
         if crashed := error_problem(o.run, "masked_attention", after_others=overflowed):
             found[o.scenario].append(crashed)
-    return collect(((s.name, problems) for s, problems in found.items()), PRAISE)
+        if o.changed:
+            found[o.scenario].append(_modified_problem(
+                f"masked_attention changed its input {', '.join(o.changed)} in place."))
+    timed_out = any(o.run.timed_out for o in outcomes)
+    named = [(s.name, problems) for s, problems in found.items()]
+    grad = [] if timed_out else _grad_problems(fn)
+    return report(collect([*named, ("float32, q requires grad", grad)], PRAISE), "13",
+                  "masked_attention")

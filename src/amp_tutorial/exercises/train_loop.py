@@ -4,7 +4,8 @@ that names mistakes.
 ``check_train_with_amp(fn)`` trains a tiny MLP with the learner's function on the CPU (float16 with
 and without clipping, then bfloat16) while a ``TrainingSpy`` (``exercises.training_spy``) watches
 what it does, without relying on how the code is spelled, and then compares the returned
-loss history with plain fp32 training.
+loss history with plain fp32 training. A fourth run (bfloat16, targets ten times larger) has
+gradient norms above 1 and no clipping asked for: a clip at a default of 1.0 shows there.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from amp_tutorial.exercises.checking import (
     attempt,
     collect,
     error_problem,
+    report,
 )
 from amp_tutorial.exercises.training_spy import TrainingSpy
 
@@ -37,6 +39,7 @@ N_BATCHES = 4
 BATCH_SIZE = 64
 LEARNING_RATE = 1e-2
 MAX_GRAD_NORM = 0.1  # below the problem's gradient norm (about 0.25), so clipping really clips
+LARGE_TARGETS = 10.0  # targets times 10: gradient norms above 1, where a default clip would fire
 HISTORY_RTOL = 0.02  # correct fp16 / bf16 runs stay within 0.2% of fp32 here; 2% leaves room
 DEVICE_TYPE = "cpu"  # fp16 and bf16 autocast and GradScaler("cpu") all work on the CPU
 
@@ -55,6 +58,8 @@ GRADS_NOT_ZEROED = "grads-not-zeroed"
 GRADS_ZEROED_BEFORE_STEP = "grads-zeroed-before-step"
 CLIP_BEFORE_UNSCALE = "clip-before-unscale"
 NOT_CLIPPED = "not-clipped"
+OVER_CLIPPED = "over-clipped"
+CLIPPED_WITHOUT_MAX = "clipped-without-max-grad-norm"
 BAD_HISTORY = "bad-loss-history"
 HISTORY_NOT_LIKE_FP32 = "history-not-like-fp32"
 __all__ = ["RAISED", "TIMED_OUT", "check_train_with_amp", "make_exercise_problem", "train_fp32"]
@@ -72,20 +77,24 @@ class Scenario:
     name: str
     amp_dtype: torch.dtype
     max_grad_norm: float | None = None
+    target_scale: float = 1.0
 
 
 SCENARIOS = (
     Scenario("float16", torch.float16),
     Scenario("float16 + clipping", torch.float16, MAX_GRAD_NORM),
     Scenario("bfloat16", torch.bfloat16),
+    Scenario("bfloat16, gradient norm above 1", torch.bfloat16, target_scale=LARGE_TARGETS),
 )
 
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
-def make_exercise_problem(seed: int = 0, n_batches: int = N_BATCHES) -> tuple[nn.Module, Batches]:
-    """A small MLP and ``n_batches`` (inputs, targets) batches of a smooth regression, on the CPU.
+def make_exercise_problem(seed: int = 0, n_batches: int = N_BATCHES, target_scale: float = 1.0
+                          ) -> tuple[nn.Module, Batches]:
+    """A small MLP and ``n_batches`` (inputs, targets) batches of a smooth regression, on the CPU
+    (targets times ``target_scale``).
 
     Seeded without touching the global random state, so every call returns the same problem.
     """
@@ -98,7 +107,7 @@ def make_exercise_problem(seed: int = 0, n_batches: int = N_BATCHES) -> tuple[nn
     data = []
     for _ in range(n_batches):
         inputs = torch.randn(BATCH_SIZE, 8, generator=generator)
-        data.append((inputs, torch.sin(inputs @ direction)))
+        data.append((inputs, torch.sin(inputs @ direction) * target_scale))
     return model, data
 
 
@@ -129,13 +138,13 @@ def train_fp32(
 
 @functools.cache
 def _fp32_reference(scenario: Scenario) -> tuple[float, ...]:
-    model, data = make_exercise_problem()
+    model, data = make_exercise_problem(target_scale=scenario.target_scale)
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
     return tuple(train_fp32(model, data, optimizer, nn.MSELoss(), EPOCHS, scenario.max_grad_norm))
 
 
 def _run(fn: TrainFn, scenario: Scenario) -> tuple[TrainingSpy, Attempt]:
-    model, data = make_exercise_problem()
+    model, data = make_exercise_problem(target_scale=scenario.target_scale)
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
     spy = TrainingSpy(model, optimizer, scenario, DEVICE_TYPE)
     with ExitStack() as stack:
@@ -234,6 +243,20 @@ def _process_problems(spy: TrainingSpy, scenario: Scenario, run: Attempt) -> lis
             "optimizer steps saw a larger gradient norm. Clip with "
             "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm) after "
             "scaler.unscale_(optimizer) and before scaler.step(optimizer)."))
+    if c["over_clipped"]:
+        found.append(Problem(OVER_CLIPPED,
+            f"max_grad_norm={scenario.max_grad_norm} was given, but {c['over_clipped']} "
+            f"optimizer steps saw a gradient norm well below it (last {spy.clipped_to:.3g}) "
+            "although the gradient was larger: clipping scales the gradient down to "
+            "max_grad_norm, no further. Clip with "
+            "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm), max_grad_norm "
+            "as given."))
+    if c["clipped_without_limit"]:
+        found.append(Problem(CLIPPED_WITHOUT_MAX,
+            f"max_grad_norm was None, but {c['clipped_without_limit']} optimizer steps saw a "
+            f"clipped gradient (norm {spy.clipped_to:.3g}, below the gradient's own). None means "
+            "no clipping: a default such as 1.0 shortens every step whose gradient norm is above "
+            "it. Clip only `if max_grad_norm is not None:`."))
     if error is None and c["backward"] and c["optimizer_step"] == 0:
         found.append(Problem(NO_OPTIMIZER_STEP,
             "The optimizer passed in never stepped, so the weights never changed. Step the "
@@ -297,4 +320,4 @@ def check_train_with_amp(fn: TrainFn) -> CheckResult:
         if run.error is None:
             problems += _history_problems(run.value, _fp32_reference(scenario), bool(problems))
         found.append((scenario.name, problems))
-    return collect(found, PRAISE)
+    return report(collect(found, PRAISE), "06", "train_with_amp")

@@ -11,6 +11,7 @@ read its ``count`` and the fields below.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -43,6 +44,17 @@ class _Iteration:
     zeroed: bool = False  # the gradients were zeroed after backward, before the step used them
 
 
+CLIP_RTOL = 0.01  # clip_grad_norm_ leaves the norm at max_norm * norm / (norm + 1e-6)
+
+
+def _norm(grads: list[torch.Tensor]) -> float:
+    """The total L2 norm of ``grads``, as clip_grad_norm_ measures it (0.0 for none)."""
+    if not grads:
+        return 0.0
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float())
+                                                 for g in grads])).item()
+
+
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal shape, dtype and values, NaN equal to NaN: an overflowing backward leaves NaN
     gradients, and ``torch.equal`` would call them changed."""
@@ -63,15 +75,19 @@ class TrainingSpy:
              "backward", "backward_in_autocast", "backward_unscaled", "backward_not_zeroed",
              "scale_enabled", "scale_disabled", "unscale", "scaler_step", "update",
              "optimizer_step", "optimizer_step_direct", "modified_before_unscale",
-             "not_clipped", "iterations_without_update", "stepped_twice",
-             "zeroed_before_step"], 0)
+             "not_clipped", "over_clipped", "clipped_without_limit",
+             "iterations_without_update", "stepped_twice", "zeroed_before_step"], 0)
         self.wrong_dtypes: set[torch.dtype] = set()
         self.scalers: list[torch.amp.GradScaler] = []  # enabled scalers seen, each object once
         self.twice_calls: list[str] = []  # the step calls of the first iteration that stepped twice
         self.scaled_output: torch.Tensor | None = None  # what the last enabled scale() returned
         self.after_backward: list[torch.Tensor | None] | None = None  # grads right after backward
+        # the true gradients before any clipping: right after a backward of an unscaled loss, or
+        # right after an enabled scaler's unscale_ (None while they are still scaled)
+        self.pre_clip: list[torch.Tensor | None] | None = None
         self.unscaled = False  # unscale_ (explicit or inside step) ran since the last backward
         self.in_scaler_step = False
+        self.clipped_to = 0.0  # the gradient norm of the last step clipped where it should not be
         self.iteration = _Iteration()
 
     # -- iterations ----------------------------------------------------------------------------
@@ -118,7 +134,8 @@ class TrainingSpy:
         if torch.is_autocast_enabled(self.device_type):
             self.count["backward_in_autocast"] += 1
         root = tensors[0] if isinstance(tensors, (tuple, list)) else tensors
-        if self.scaled_output is None or root is not self.scaled_output:
+        scaled = self.scaled_output is not None and root is self.scaled_output
+        if not scaled:
             self.count["backward_unscaled"] += 1
         self.scaled_output = None
         if any(p.grad is not None and bool(p.grad.count_nonzero()) for p in self.params):
@@ -126,6 +143,7 @@ class TrainingSpy:
         result = original(tensors, *args, **kwargs)
         self.after_backward = [None if p.grad is None else p.grad.detach().clone()
                                for p in self.params]
+        self.pre_clip = None if scaled else self.after_backward
         self.unscaled = False
         return result
 
@@ -156,7 +174,11 @@ class TrainingSpy:
         self.count["unscale"] += scaler.is_enabled()
         self.note_zeroed()
         self._check_unmodified_before_unscale(scaler)
-        return original(scaler, optimizer)
+        result = original(scaler, optimizer)
+        if scaler.is_enabled() and self.pre_clip is None:
+            self.pre_clip = [None if p.grad is None else p.grad.detach().clone()
+                             for p in self.params]
+        return result
 
     def step(self, original: Callable, scaler: torch.amp.GradScaler, optimizer, *args, **kwargs):
         self.iteration.steps += 1
@@ -188,11 +210,20 @@ class TrainingSpy:
         self.note_zeroed()
         limit = self.scenario.max_grad_norm
         grads = [p.grad for p in self.params if p.grad is not None]
-        if limit is not None and grads and not self.iteration.zeroed:
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g)
-                                                         for g in grads]))
-            if norm > limit * 1.001:
-                self.count["not_clipped"] += 1
+        if not grads or self.iteration.zeroed or self.iteration.steps > 1:
+            return  # a second step in one iteration is named as such
+        norm = _norm(grads)
+        if limit is not None and norm > limit * 1.001:
+            self.count["not_clipped"] += 1
+        before = _norm([g for g in self.pre_clip or [] if g is not None])
+        if before == 0 or not math.isfinite(before):
+            return  # not known (still scaled, or an overflow the scaler skips)
+        if limit is None and norm < before * (1 - CLIP_RTOL):
+            self.count["clipped_without_limit"] += 1
+            self.clipped_to = norm
+        elif limit is not None and norm < min(before, limit) * (1 - CLIP_RTOL):
+            self.count["over_clipped"] += 1
+            self.clipped_to = norm
 
     def install(self, stack: ExitStack) -> None:
         """Register the hooks and wrap the GradScaler methods and autograd's backward."""
