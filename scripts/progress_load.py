@@ -35,16 +35,21 @@ ATTEMPTS = 50
 PAGE_READS = 10
 POST_SCOPE = "custom:amp-progress:post"
 SERVICE = "/services/amp-progress/"
-MISTAKES = [("device-type-hard-coded-cuda", "The device type is always 'cuda'."),
-            ("cpu-float16", "On the CPU autocast takes bfloat16."), ("wrong-order", "Order.")]
+MISTAKES = [
+    ("device-type-hard-coded-cuda", "The device type is always 'cuda'."),
+    ("cpu-float16", "On the CPU autocast takes bfloat16."),
+    ("wrong-order", "Order."),
+]
 
 
-def call(method: str, url: str, token: str, body: object = None,
-         timeout: float = 30) -> tuple[int, bytes, float]:
+def call(
+    method: str, url: str, token: str, body: object = None, timeout: float = 30
+) -> tuple[int, bytes, float]:
     """(status, body, seconds) of one request with a token."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Authorization": f"token {token}"})
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"Authorization": f"token {token}"}
+    )
     began = time.perf_counter()
     try:
         with urllib.request.urlopen(request, timeout=timeout) as reply:
@@ -56,19 +61,33 @@ def call(method: str, url: str, token: str, body: object = None,
 def attempt(number: int) -> dict:
     passed = number % 5 == 4
     key, words = MISTAKES[number % len(MISTAKES)]
-    return {"id": uuid.uuid4().hex, "time": datetime.now(timezone.utc).isoformat(),
-            "lesson": f"{1 + number // 10:02d}", "exercise": "load_exercise", "passed": passed,
-            "keys": [] if passed else [key], "message": "All checks passed." if passed else words}
+    return {
+        "id": uuid.uuid4().hex,
+        "time": datetime.now(timezone.utc).isoformat(),
+        "lesson": f"{1 + number // 10:02d}",
+        "exercise": "load_exercise",
+        "passed": passed,
+        "keys": [] if passed else [key],
+        "message": "All checks passed." if passed else words,
+    }
 
 
-def learner(hub: str, token: str, attempts: int, start: threading.Barrier,
-            sent: list[dict], latencies: list[float], failures: list[str]) -> None:
+def learner(
+    hub: str,
+    token: str,
+    attempts: int,
+    start: threading.Barrier,
+    sent: list[dict],
+    latencies: list[float],
+    failures: list[str],
+) -> None:
     start.wait()
     before: list[dict] = []
     for number in range(attempts):
         new = attempt(number)
-        status, body, seconds = call("POST", hub + SERVICE + "api/attempts", token,
-                                     {"attempts": before + [new]})
+        status, body, seconds = call(
+            "POST", hub + SERVICE + "api/attempts", token, {"attempts": before + [new]}
+        )
         latencies.append(seconds)
         if status != 200:
             failures.append(f"{status}: {body[:200]!r}")
@@ -79,8 +98,11 @@ def learner(hub: str, token: str, attempts: int, start: threading.Barrier,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hub", default="http://127.0.0.1:8000")
-    parser.add_argument("--token", default=os.environ.get("AMP_HUB_ADMIN_TOKEN"),
-                        help="an admin's API token (default: $AMP_HUB_ADMIN_TOKEN)")
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("AMP_HUB_ADMIN_TOKEN"),
+        help="an admin's API token (default: $AMP_HUB_ADMIN_TOKEN)",
+    )
     parser.add_argument("--learners", type=int, default=LEARNERS)
     parser.add_argument("--attempts", type=int, default=ATTEMPTS)
     parser.add_argument("--json", action="store_true")
@@ -94,8 +116,12 @@ def main() -> None:
         raise SystemExit(f"cannot create the load users: {status} {body[:300]!r}")
     tokens = {}
     for name in names:
-        status, body, _ = call("POST", f"{hub}/hub/api/users/{name}/tokens", admin,
-                               {"scopes": [POST_SCOPE], "expires_in": 3600, "note": "load"})
+        status, body, _ = call(
+            "POST",
+            f"{hub}/hub/api/users/{name}/tokens",
+            admin,
+            {"scopes": [POST_SCOPE], "expires_in": 3600, "note": "load"},
+        )
         if status != 201:
             raise SystemExit(f"cannot make {name}'s token: {status} {body[:300]!r}")
         tokens[name] = json.loads(body)["token"]
@@ -104,9 +130,13 @@ def main() -> None:
     latencies: list[float] = []
     failures: list[str] = []
     start = threading.Barrier(len(names) + 1)
-    threads = [threading.Thread(target=learner, args=(hub, tokens[n], args.attempts, start,
-                                                      sent[n], latencies, failures))
-               for n in names]
+    threads = [
+        threading.Thread(
+            target=learner,
+            args=(hub, tokens[n], args.attempts, start, sent[n], latencies, failures),
+        )
+        for n in names
+    ]
     for thread in threads:
         thread.start()
     start.wait()
@@ -132,11 +162,17 @@ def main() -> None:
 
     posts = len(latencies)
     result = {
-        "cpu": cpu_name(), "cores": os.cpu_count(), "learners": len(names),
-        "attempts_each": args.attempts, "posts": posts, "failed_posts": len(failures),
-        "attempts_sent_twice": len(expected), "rows_stored": len(stored),
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "learners": len(names),
+        "attempts_each": args.attempts,
+        "posts": posts,
+        "failed_posts": len(failures),
+        "attempts_sent_twice": len(expected),
+        "rows_stored": len(stored),
         "stored_exactly_once": len(stored) == len(set(stored)) and set(stored) == expected,
-        "wall_s": round(wall, 2), "posts_per_s": round(posts / wall, 1),
+        "wall_s": round(wall, 2),
+        "posts_per_s": round(posts / wall, 1),
         "post_median_ms": round(1000 * statistics.median(latencies), 1),
         "post_p95_ms": round(1000 * quantile(latencies, 0.95), 1),
         "post_max_ms": round(1000 * max(latencies), 1),

@@ -83,6 +83,9 @@ c.DockerSpawner.cmd = ["start-singleuser"]  # copies the course into the volume,
 c.DockerSpawner.notebook_dir = WORK
 c.DockerSpawner.environment = {
     "AMP_TUTORIAL_WORK": WORK, "AMP_TUTORIAL_PRESET": PRESET,
+    # one record of the learner's attempts (amp_tutorial.progress), in their volume, wherever a
+    # lesson runs from
+    "AMP_TUTORIAL_WORKSPACE": WORK,
     # where amp_tutorial.class_sync sends the learner's attempts: the progress service, through
     # the proxy (the compose service `hub`, port 8000), with the server's own token
     "AMP_PROGRESS_URL": f"http://hub:8000/services/{progress_access.SERVICE}/api/attempts",

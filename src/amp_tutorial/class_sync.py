@@ -66,8 +66,12 @@ FIELDS = ("id", "time", "lesson", "exercise", "passed", "keys", "message")
 def post(url: str, token: str, records: list[dict]) -> list[str]:
     """POST one batch; the ids the service acknowledged. Raises urllib's errors."""
     body = json.dumps({"attempts": [{k: r.get(k) for k in FIELDS} for r in records]}).encode()
-    request = urllib.request.Request(url, data=body, method="POST", headers={
-        "Authorization": f"token {token}", "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url,
+        data=body,
+        method="POST",
+        headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=TIMEOUT_S) as reply:
         return list(json.load(reply).get("acknowledged", []))
 
@@ -86,7 +90,7 @@ def send_pending(path: Path, url: str | None = None, token: str | None = None) -
         records = pending(path)
         done = 0
         for start in range(0, len(records), BATCH):
-            batch = records[start:start + BATCH]
+            batch = records[start : start + BATCH]
             try:
                 acked = post(url, token, batch)
             except urllib.error.HTTPError as refused:
@@ -116,8 +120,9 @@ def sync_in_background(path: Path) -> threading.Thread | None:
     if not configured():
         return None
     try:
-        thread = threading.Thread(target=_quietly, args=(Path(path),), daemon=True,
-                                  name="amp-progress-sync")
+        thread = threading.Thread(
+            target=_quietly, args=(Path(path),), daemon=True, name="amp-progress-sync"
+        )
         thread.start()
         return thread
     except Exception:  # noqa: BLE001 -- a check's answer matters more than its sending

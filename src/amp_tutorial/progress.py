@@ -7,7 +7,8 @@ said, and when; never the learner's code or outputs. The file is
 current directory (the kernel's folder, where the lessons are), so it works under ``pdm run lab``,
 compose and the hub alike. Recording never breaks or slows a check: when the file cannot be
 written (a read-only folder, a full disk) one plain line says so and the check answers as usual.
-:func:`show_progress` prints the learner's table; the hub's sync reads :func:`read_attempts`.
+:func:`show_progress` prints the learner's table. On the workshop hub each new record is also sent,
+in the background, to the class's progress service (:mod:`amp_tutorial.class_sync`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from amp_tutorial.class_sync import sync_in_background
 
 WORKSPACE_ENV = "AMP_TUTORIAL_WORKSPACE"
 FOLDER = ".amp_tutorial"
@@ -54,6 +57,7 @@ def record_attempt(
         reason = error.strerror if isinstance(error, OSError) and error.strerror else error
         print(f"(This attempt was not recorded in {path}: {reason}.)")
         return None
+    sync_in_background(path)  # on the workshop hub: to the class's progress (never raises)
     return record
 
 

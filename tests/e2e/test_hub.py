@@ -386,30 +386,12 @@ CHECK_AND_SEND = """
 import json
 from amp_tutorial import class_sync
 from amp_tutorial.exercises.autocast_settings import check_autocast_settings
-try:
-    from amp_tutorial.progress import attempts_path, read_attempts
-    recorded_by_checker = True
-except ImportError:  # FIXME(issue 30): until the checkers record (amp_tutorial.progress)
-    import datetime, os, pathlib, uuid
-    recorded_by_checker = False
-    def attempts_path():
-        base = pathlib.Path(os.environ.get("AMP_TUTORIAL_WORKSPACE", "."))
-        return base / ".amp_tutorial" / "attempts.jsonl"
-    def read_attempts(path):
-        return [json.loads(line) for line in path.read_text().splitlines()]
-result = check_autocast_settings(autocast_settings)
+from amp_tutorial.progress import attempts_path, read_attempts
+result = check_autocast_settings(autocast_settings)  # records the attempt and starts its send
 path = attempts_path()
-if not recorded_by_checker:
-    path.parent.mkdir(exist_ok=True)
-    with path.open("a") as f:
-        f.write(json.dumps({"id": uuid.uuid4().hex, "lesson": "01",
-            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "exercise": "autocast_settings", "passed": result.passed,
-            "keys": sorted(result.keys), "message": str(result)[:200]}) + "\\n")
 sent = class_sync.send_pending(path)  # the checker's own send runs in the background: wait here
 print(json.dumps({"passed": result.passed, "keys": sorted(result.keys), "sent": sent,
-                  "record": read_attempts(path)[-1], "pending": len(class_sync.pending(path)),
-                  "recorded_by_checker": recorded_by_checker}))
+                  "record": read_attempts(path)[-1], "pending": len(class_sync.pending(path))}))
 """
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -145,3 +146,24 @@ def test_the_background_send_uses_the_hubs_settings(tmp_path: Path, service: Ser
     assert thread is not None
     thread.join(10)
     assert len(service.stored) == 1
+
+
+def test_every_recorded_check_is_sent_on_the_hub(tmp_path: Path, service: Service,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """amp_tutorial.progress.record_attempt hands each new record to the background send."""
+    from amp_tutorial import progress
+
+    monkeypatch.setenv("AMP_TUTORIAL_WORKSPACE", str(tmp_path))
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", TOKEN)
+    monkeypatch.setenv("AMP_PROGRESS_URL", service.url)
+    record = progress.record_attempt("01", "autocast_settings", False, ["cpu-float16"], "words")
+    assert record is not None
+    for _ in range(100):
+        if record["id"] in service.stored:
+            break
+        time.sleep(0.05)
+    assert service.stored[record["id"]]["keys"] == ["cpu-float16"]
+    monkeypatch.delenv("AMP_PROGRESS_URL")  # off the hub: recorded, not sent
+    assert progress.record_attempt("01", "autocast_settings", True, [], "ok") is not None
+    time.sleep(0.3)
+    assert len(service.stored) == 1 and len(progress.read_attempts()) == 2

@@ -242,3 +242,4 @@ def test_learners_servers_may_post_attempts_and_only_the_admin_reads_them(
         assert f"docker/hub/{module.name}" in copied
     url = c.DockerSpawner.environment["AMP_PROGRESS_URL"]
     assert url == "http://hub:8000/services/amp-progress/api/attempts"
+    assert c.DockerSpawner.environment["AMP_TUTORIAL_WORKSPACE"] == "/home/learner/work"
