@@ -23,9 +23,15 @@ def stochastic_round_bf16(
     """
     if x.dtype != torch.float32:
         raise TypeError(f"stochastic_round_bf16 takes float32, got {x.dtype}")
+    # drawn where the generator lives (a seeded CPU generator serves every device), then moved
     noise = torch.randint(
-        0, _LOW_BITS, x.shape, dtype=torch.int32, device=x.device, generator=generator
-    )
+        0,
+        _LOW_BITS,
+        x.shape,
+        dtype=torch.int32,
+        device=x.device if generator is None else generator.device,
+        generator=generator,
+    ).to(x.device)
     bits = x.contiguous().view(torch.int32)
     # where rounding away from zero would pass int32's top (NaN patterns only), keep x
     rounded = torch.where(
