@@ -3,7 +3,7 @@
 #   amp_tutorial:
 #     memory:
 #       cpu: 846
-#       paper: 436
+#       paper: 6741
 #     minutes:
 #       cpu: 0.3
 #       small: 0.2

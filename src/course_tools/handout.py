@@ -137,6 +137,24 @@ def read_with_answers(lesson: Lesson) -> tuple[NotebookNode, dict[int, str]]:
     return notebook, use_solutions(notebook, lesson.path.parent.parent / "solutions")
 
 
+# Run after an interrupted cell: drops the traceback IPython keeps (its frames would keep the
+# interrupted cell's tensors alive) and says that the kernel has reached it.
+SETTLE = ("import gc as _g, sys as _s\n_s.last_type = _s.last_value = _s.last_traceback = None\n"
+          "_ip = get_ipython()\n_ip.last_execution_result = None\n_ip.InteractiveTB.tb = None\n"
+          "del _ip\n_g.collect()\nprint('settled')")
+
+
+def _settle_after_interrupt(client: NotebookClient, index: int, tries: int = 600) -> None:
+    """Wait until the interrupted cell has stopped: the kernel aborts requests that reach it
+    before the interrupt lands (a long kernel call finishes first), so send SETTLE until it runs."""
+    for _ in range(tries):
+        cell = nbformat.v4.new_code_cell(SETTLE)
+        client.execute_cell(cell, index)
+        if any("settled" in o.get("text", "") for o in cell.outputs):
+            return
+        time.sleep(1)
+
+
 def run_notebook(notebook: NotebookNode, folder: Path, env: dict[str, str], timeout: int,
                  desc: str, stop_at_error: bool = True, prologue: str = "",
                  epilogue: str = "", interrupt_on_timeout: bool = False) -> KernelRun:
@@ -177,6 +195,9 @@ def run_notebook(notebook: NotebookNode, folder: Path, env: dict[str, str], time
                         else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
                     errors.append(CellError(index, what, ANSI_ESCAPE.sub("", str(exc))))
                     alive = not isinstance(exc, DeadKernelError)
+                    if alive and interrupt_on_timeout and isinstance(exc, CellExecutionError) \
+                            and exc.ename == "CellTimeoutError":
+                        _settle_after_interrupt(client, index + len(before))
                     if stop_at_error or not alive:
                         break
             for cell in after if alive else []:

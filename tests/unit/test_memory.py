@@ -110,18 +110,19 @@ def test_every_lesson_given_more_steps_exists() -> None:
 
 
 def test_interrupt_after_cuts_a_long_cell_and_the_run_goes_on(tmp_path: Path) -> None:
-    """A cell past --interrupt-after is interrupted and named; what it held counts; later cells
-    run in the same kernel."""
+    """A cell past --interrupt-after is interrupted and named; what it held is freed (IPython's
+    traceback would keep the interrupted frame alive); the next cell runs in the same kernel."""
     cells = ["import time, torch",
-             "held = torch.empty(6 * 2**20, dtype=torch.uint8)\ntime.sleep(120)",
+             "def train():\n    local = torch.empty(6 * 2**20, dtype=torch.uint8)\n"
+             "    time.sleep(120)\ntrain()",
              "after = torch.empty(2 * 2**20, dtype=torch.uint8)"]
     lesson = write_lesson(tmp_path / "notebooks", "01", cells)
     report = tmp_path / "report.json"
     assert main(["--notebooks", str(lesson.parent), "--interrupt-after", "5",
                  "--json", str(report)]) == 0
     (row,) = json.loads(report.read_text())["lessons"]
-    assert row["raised"] == [{"cell": "code cell 2 of 3 (starting 'held = torch.empty(6 * "
-                                      "2**20, dtype=torch.uint8)')",
+    assert row["raised"] == [{"cell": "code cell 2 of 3 (starting 'def train():')",
                               "error": "CellTimeoutError: interrupted after 5 s"}]
-    assert row["peak_bytes"] == 8 * MIB  # held (kept after the interrupt) and after together
+    assert row["live_bytes"] == 2 * MIB  # `local` went with the traceback; `after` was made
+    assert row["peak_bytes"] == 6 * MIB  # not 8: never alive together
     assert row["seconds"] < 60
