@@ -328,3 +328,30 @@ def test_outputs_survive_save_reload_and_reopen(page: Page, lab: LabServer) -> N
     assert back[table].tables == ran[table].tables and back[table].text == ran[table].text
     assert back[figure].images == ran[figure].images >= 1, "the figure did not come back"
     assert not any(c.text or c.images for c in back[figure + 1:]), "unrun cells show output"
+
+
+def test_the_handouts_zip_opens_in_the_lab_with_its_outputs(page: Page, lab: LabServer,
+                                                           tmp_path: Path) -> None:
+    """A class without GPUs unzips `pdm run handout`'s notebooks-with-outputs.zip into their lab:
+    the notebook opens as it is (no .py beside it) with the text and figure the run made."""
+    import zipfile
+
+    from course_tools.handout import ZIP_NAME, render_handout
+
+    header = (lab.root / "01_autocast_basics.py").read_text().split("# %%")[0]
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    (notebooks / "01_take_home.py").write_text(
+        header + "# %% [markdown]\n# # 01 · Take home\n\n# %%\nprint('printed at home')\n\n"
+        "# %%\nimport matplotlib.pyplot as plt\n\nfig, ax = plt.subplots()\nax.plot([1, 2])\n")
+    render_handout(tmp_path / "out", "smoke", notebooks)
+    with zipfile.ZipFile(tmp_path / "out" / ZIP_NAME) as zipped:
+        zipped.extractall(lab.root)
+    page.reload()  # the file browser lists the unzipped notebook
+    panel = open_in_file_browser(page, "01_take_home.ipynb")
+    sources = ["print('printed at home')", "import matplotlib.pyplot as plt\n\nfig, ax = "
+               "plt.subplots()\nax.plot([1, 2])"]
+    expect(panel.locator(".jp-CodeCell")).to_have_count(2)
+    printed, figure = read_cells(panel, sources)
+    assert "printed at home" in printed.text and figure.images == 1
+    assert not (lab.root / "01_take_home.py").exists(), "opening it wrote a .py beside it"
