@@ -114,6 +114,8 @@ def update_course(course: Path, work: Path) -> Report:
                 drop_stale_outputs(destination.with_suffix(".ipynb"), source)
                 install(source, destination)
                 report.updated.append(key)
+            elif manifest.get(key) == new:  # edited by the learner; the course has not changed
+                continue
             else:  # edited, or delivered before manifests existed: the learner's text wins
                 report.kept_edited.append(key)
                 continue
@@ -129,9 +131,9 @@ def _write_notice(work: Path, waiting: list[str]) -> None:
         notice.unlink(missing_ok=True)
         return
     lines = ["# Course updates waiting", "",
-             "The course has a newer version of these lessons, which you edited. Your version",
-             "is kept. To get the new one, open a Terminal and run the command beside it: your",
-             "lesson and its outputs are renamed `NAME.mine-DATE.py` / `.ipynb` first.",
+             "The course brought a version of these lessons that differs from your edited copy.",
+             "Yours is kept. To get the course's, open a Terminal and run the command beside it:",
+             "your lesson and its outputs are renamed `NAME.mine-DATE.py` / `.ipynb` first.",
              ""]
     lines += [f"- `{name}`: `course-update take {name}`" for name in waiting]
     notice.write_text("\n".join(lines) + "\n")

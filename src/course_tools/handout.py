@@ -8,7 +8,9 @@ JupyterLab (through jupyter-server), so the handout adds no dependency and needs
 (Jupyter Book 2 / mystmd does) nor a second notebook format. The pages are self-contained: the
 figures are embedded as PNG data and the page CSS is inlined, so a learner opens them from disk
 with any browser. ``index.html`` lists every lesson with its title and how long it ran;
-``timings.json`` gives the same run times with the preset, device and torch version.
+``timings.json`` gives the same run times with the preset, device and torch version. Each
+executed lesson is also written as ``NN_name.ipynb``, and all of them zipped into
+``notebooks-with-outputs.zip``: a class without a GPU opens a GPU run's outputs in JupyterLab.
 
 Exercise cells (``course_tools.answers``) are run with their reference answer so the rest of
 the lesson has something to show, and rendered as the learner gets them: the stub with its TODO,
@@ -40,6 +42,7 @@ import platform
 import re
 import sys
 import time
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -355,7 +358,8 @@ def device_and_torch() -> tuple[str, str, bool]:
 def render_handout(out: Path, preset: str = DEFAULT_PRESET, notebooks: Path | None = None,
                    wanted: Sequence[str] = (), keep_going: bool = False,
                    timeout: int = CELL_TIMEOUT_S) -> list[LessonRun]:
-    """Execute and render the lessons into ``out``: one page each, index.html, timings.json."""
+    """Execute and render the lessons into ``out``: one page and one executed ``.ipynb`` each,
+    index.html, timings.json and the ``.ipynb`` files zipped."""
     notebooks = notebooks or notebooks_dir()
     lessons = find_lessons(notebooks)
     if not lessons:
@@ -382,7 +386,20 @@ def render_handout(out: Path, preset: str = DEFAULT_PRESET, notebooks: Path | No
         "max_memory_allocated": {run.lesson.name: run.max_memory_allocated for run in runs},
     }
     (out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n", encoding="utf-8")
+    write_notebook_zip(out, [run.lesson.name for run in runs])
     return runs
+
+
+ZIP_NAME = "notebooks-with-outputs.zip"
+
+
+def write_notebook_zip(out: Path, names: Sequence[str]) -> Path:
+    """Zip the executed ``out/NAME.ipynb`` files, in course order, into ``out/ZIP_NAME``."""
+    archive = out / ZIP_NAME
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as zipped:
+        for name in names:
+            zipped.write(out / f"{name}.ipynb", arcname=f"{name}.ipynb")
+    return archive
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -408,7 +425,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     index = (args.out / "index.html").resolve()
     print(f"{len(runs)} lessons at the {get_preset(args.preset).name!r} preset in "
-          f"{format_seconds(time.perf_counter() - start)}; open {index.as_uri()}")
+          f"{format_seconds(time.perf_counter() - start)}; open {index.as_uri()}; the notebooks "
+          f"with their outputs: {(args.out / ZIP_NAME).resolve()}")
     failed = [run.error for run in runs if run.error]
     for error in failed:
         print(f"error: {error}", file=sys.stderr)

@@ -265,3 +265,93 @@ def test_lab_without_the_token_gives_no_access(browser: Browser, lab: LabServer)
         assert page.locator(".jp-DirListing-item").count() == 0  # no file browser, no lab
     finally:
         context.close()
+
+
+# --- outputs survive: the lesson is paired with an .ipynb that keeps them (course_tools.pairing) --
+PROMPT_DONE_JS = """([panel, index]) => {
+  const prompt = panel.querySelectorAll(".jp-CodeCell .jp-InputArea-prompt")[index];
+  const status = panel.querySelector(".jp-Notebook-ExecutionIndicator")?.dataset.status;
+  return /^\\[\\d+\\]:$/.test(prompt?.textContent.trim() ?? "") && status === "idle";
+}"""
+
+
+def menu(page: Page, top: str, item: str | re.Pattern[str]) -> None:
+    page.locator(".lm-MenuBar-itemLabel").get_by_text(top, exact=True).click()
+    label = page.locator(".lm-Menu-itemLabel")
+    (label.get_by_text(item, exact=True) if isinstance(item, str)
+     else label.filter(has_text=item)).first.click()
+
+
+def test_outputs_survive_save_reload_and_reopen(page: Page, lab: LabServer) -> None:
+    """Run lesson 01 down to its first figure (a table, then the figure), File > Save, reload the
+    page without the kernel, reopen: the table and the figure come back from the paired .ipynb."""
+    filename = "01_autocast_basics.py"
+    lesson, ipynb = lab.root / filename, (lab.root / filename).with_suffix(".ipynb")
+    before = lesson.read_bytes()
+    ipynb.unlink(missing_ok=True)  # another test may have saved it
+    notebook = jupytext.read(lesson)
+    sources = [c.source for c in notebook.cells if c.cell_type == "code"]
+    figure = next(i for i, s in enumerate(sources) if FIGURE_CELL.search(s))
+    table = max(i for i, s in enumerate(sources[:figure]) if "pd.DataFrame" in s)
+
+    panel = open_in_file_browser(page, filename)
+    expect(panel.locator(".jp-KernelName")).to_have_text(
+        notebook.metadata["kernelspec"]["display_name"])
+    wait_for_kernel_connection(lab, filename)
+    expect(panel.locator(".jp-Notebook-ExecutionIndicator")).to_have_attribute(
+        "data-status", "idle")
+    panel.locator(".jp-CodeCell .jp-InputPrompt").nth(figure).click()  # select the figure's cell
+    for attempt in range(2):  # as in run_all: a run can once fail to reach the kernel
+        menu(page, "Run", "Run All Above Selected Cell")
+        menu(page, "Run", re.compile(r"^Run Selected Cells?$"))
+        if run_started(panel, lab, filename):
+            break
+        print(f"{filename}: the run reached no kernel within {RUN_START_S} s (try {attempt + 1})")
+    page.wait_for_function(PROMPT_DONE_JS, arg=[panel.element_handle(), figure],
+                           timeout=RUN_ALL_TIMEOUT_MS, polling=500)
+    ran = read_cells(panel, sources)
+    assert ran[figure].images >= 1 and ran[table].tables, "the run showed no figure or table"
+
+    menu(page, "File", "Save Python File")  # the lab's own save of a .py opened as a notebook
+    expect(page.locator(".lm-DockPanel-tabBar .jp-mod-dirty")).to_have_count(0)
+    deadline = time.monotonic() + 30
+    while not ipynb.exists() and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert ipynb.exists(), "File > Save wrote no paired .ipynb"
+    assert lesson.read_bytes() == before, "saving without edits changed the lesson's .py"
+
+    lab.shutdown_kernels()  # what comes back must come from the files, not a live kernel
+    page.goto(f"{lab.url}/lab?reset")  # reload, with the lesson's tab closed
+    panel = open_in_file_browser(page, filename)
+    expect(panel.locator(".jp-CodeCell")).to_have_count(len(sources))
+    back = read_cells(panel, sources)
+    assert back[table].tables == ran[table].tables and back[table].text == ran[table].text
+    assert back[figure].images == ran[figure].images >= 1, "the figure did not come back"
+    assert not any(c.text or c.images for c in back[figure + 1:]), "unrun cells show output"
+
+
+def test_the_handouts_zip_opens_in_the_lab_with_its_outputs(page: Page, lab: LabServer,
+                                                           tmp_path: Path) -> None:
+    """A class without GPUs unzips `pdm run handout`'s notebooks-with-outputs.zip into their lab:
+    the notebook opens as it is (no .py beside it) with the text and figure the run made."""
+    import zipfile
+
+    from course_tools.handout import ZIP_NAME, render_handout
+
+    header = (lab.root / "01_autocast_basics.py").read_text().split("# %%")[0]
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    (notebooks / "01_take_home.py").write_text(
+        header + "# %% [markdown]\n# # 01 · Take home\n\n# %%\nprint('printed at home')\n\n"
+        "# %%\nimport matplotlib.pyplot as plt\n\nfig, ax = plt.subplots()\nax.plot([1, 2])\n")
+    render_handout(tmp_path / "out", "smoke", notebooks)
+    with zipfile.ZipFile(tmp_path / "out" / ZIP_NAME) as zipped:
+        zipped.extractall(lab.root)
+    page.reload()  # the file browser lists the unzipped notebook
+    panel = open_in_file_browser(page, "01_take_home.ipynb")
+    sources = ["print('printed at home')", "import matplotlib.pyplot as plt\n\nfig, ax = "
+               "plt.subplots()\nax.plot([1, 2])"]
+    expect(panel.locator(".jp-CodeCell")).to_have_count(2)
+    printed, figure = read_cells(panel, sources)
+    assert "printed at home" in printed.text and figure.images == 1
+    assert not (lab.root / "01_take_home.py").exists(), "opening it wrote a .py beside it"

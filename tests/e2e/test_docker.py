@@ -369,6 +369,39 @@ def test_edits_survive_down_and_up(rocm_lab: Lab) -> None:
     assert status == 200 and model["content"] == marker
 
 
+
+def test_outputs_survive_restart_and_down_and_up(rocm_lab: Lab) -> None:
+    """A lesson saved with an output (as the lab's Save does) is paired on the host's folder: the
+    output comes back after `docker compose restart` and after down and up, the .py unchanged."""
+    shipped = run(["docker", "run", "--rm", "--entrypoint", "find",
+                   f"{rocm_lab.project}:cpu", "/home/learner", "-name", "*.ipynb"]).stdout
+    assert not shipped.strip(), f"the image ships notebooks with outputs: {shipped}"
+    path = f"/api/contents/{LESSON.name}"
+    text = f"a table {secrets.token_hex(4)}\n"
+    status, model = rocm_lab.request("GET", f"{path}?type=notebook&content=1")
+    assert status == 200
+    cell = next(c for c in model["content"]["cells"] if c["cell_type"] == "code")
+    cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": text}]
+    before = (rocm_lab.notebooks / LESSON.name).read_bytes()
+    status, _ = rocm_lab.request("PUT", path, {"type": "notebook", "format": "json",
+                                               "content": model["content"]})
+    assert status == 200
+    assert (rocm_lab.notebooks / LESSON.name).read_bytes() == before
+    assert (rocm_lab.notebooks / LESSON.with_suffix(".ipynb").name).exists()
+
+    def first_output() -> list[str]:
+        status, model = rocm_lab.request("GET", f"{path}?type=notebook&content=1")
+        assert status == 200
+        cell = next(c for c in model["content"]["cells"] if c["cell_type"] == "code")
+        return [o.get("text") for o in cell["outputs"]]
+
+    rocm_lab.compose("restart", "lab")
+    rocm_lab.up()  # waits until healthy again, reads the new token
+    assert first_output() == [text]
+    rocm_lab.compose("down")
+    rocm_lab.up()
+    assert first_output() == [text]
+
 # --- the ROCm variant's device files ------------------------------------------------------------
 
 DESCRIBE_DEVICE = "from amp_tutorial import describe_device; print(describe_device())"

@@ -320,6 +320,42 @@ def test_a_learners_edit_survives_a_server_restart_and_a_hub_restart(workshop: C
     assert lesson_text(hub, token) == edited
 
 
+
+# --- pairing (issue 29): outputs live in the learner's volume, in the lesson's paired .ipynb ---
+PAIRED_LESSON = "02_gradient_scaling.py"  # not the lesson the edit test changes
+
+
+def first_output(hub: Hub, token: str) -> list[str]:
+    reply = hub.api("GET", f"/user/ada/api/contents/{PAIRED_LESSON}?type=notebook&content=1",
+                    token)
+    assert reply.status_code == 200, reply.text
+    cell = next(c for c in reply.json()["content"]["cells"] if c["cell_type"] == "code")
+    return [output.get("text") for output in cell["outputs"]]
+
+
+def test_a_learners_outputs_survive_a_server_restart_and_a_hub_restart(workshop: Class) -> None:
+    hub, token = workshop.hub, workshop.tokens["ada"]
+    path = f"/user/ada/api/contents/{PAIRED_LESSON}"
+    model = hub.api("GET", f"{path}?type=notebook&content=1", token).json()
+    cell = next(c for c in model["content"]["cells"] if c["cell_type"] == "code")
+    text = f"a table {secrets.token_hex(4)}\n"
+    cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": text}]
+    put = hub.api("PUT", path, token,
+                  json={"type": "notebook", "format": "json", "content": model["content"]})
+    assert put.status_code == 200, put.text
+    listing = hub.api("GET", "/user/ada/api/contents", token).json()["content"]
+    assert PAIRED_LESSON.replace(".py", ".ipynb") in {item["name"] for item in listing}
+    hub.stop_server("ada", token)
+    hub.start_server("ada", token)
+    assert first_output(hub, token) == [text]
+    hub.compose("restart", "hub", timeout=180)
+    hub.up()
+    hub.stop_server("ada", token)
+    hub.start_server("ada", token)
+    assert first_output(hub, token) == [text]
+    lesson = hub.api("GET", f"{path}?type=file&format=text", token).json()["content"]
+    assert lesson == (ROOT / "notebooks" / PAIRED_LESSON).read_text(), "saving changed the .py"
+
 # Prints, as JSON, the environment of another process in the container whose command line holds
 # argv[1]: what a learner's Jupyter server, or a kernel it started, really got.
 PROCESS_ENV = (

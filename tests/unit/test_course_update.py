@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from course_tools.course_update import MANIFEST, NOTICE, main, take_new_version, update_course
+from course_tools.course_update import (
+    MANIFEST,
+    NOTICE,
+    Report,
+    main,
+    take_new_version,
+    update_course,
+)
 from course_tools.pairing import CourseContentsManager
 from tests.support import NOTEBOOKS
 
@@ -109,6 +116,14 @@ def test_an_edited_lesson_is_kept_and_the_new_version_waits(learner):
     assert f"course-update take {LESSON}" in (work / NOTICE).read_text()
     assert update_course(course, work).kept_edited == [LESSON], "a restart must keep it too"
     assert (work / LESSON).read_text() == mine
+
+
+def test_an_edit_alone_is_no_waiting_update(learner):
+    course, work = learner
+    (work / LESSON).write_text(OLD + "# %%\nmine = 1\n")
+    report = update_course(course, work)
+    assert report == Report() and not (work / NOTICE).exists()
+    assert (work / LESSON).read_text().endswith("mine = 1\n")
 
 
 def test_taking_the_new_version_keeps_the_learners_pair_beside_it(learner):

@@ -4,11 +4,12 @@ themselves are checked in a browser by ``tests/e2e/test_handout.py``."""
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 
 import nbformat
 
-from course_tools.handout import render_handout
+from course_tools.handout import ZIP_NAME, render_handout
 from tests.support import NOTEBOOKS
 
 
@@ -30,3 +31,22 @@ def test_a_cpu_records_no_allocator_peak(tmp_path: Path) -> None:
     executed = nbformat.read(tmp_path / "out" / "01_tiny.ipynb", as_version=4)
     assert [cell.source for cell in executed.cells if cell.cell_type == "code"] == [
         "import torch", "x = torch.ones(3)"]
+
+
+def test_the_zip_holds_each_lessons_executed_notebook_with_its_outputs(tmp_path: Path) -> None:
+    """`pdm run handout` zips one .ipynb per lesson, in course order, with the outputs it ran."""
+    header = (NOTEBOOKS / "01_autocast_basics.py").read_text(encoding="utf-8").split("# %%")[0]
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    for number in ("01", "02"):
+        (notebooks / f"{number}_tiny.py").write_text(
+            f"{header}# %% [markdown]\n# # {number} · Tiny\n\n# %%\nprint('ran {number}')\n",
+            encoding="utf-8")
+    render_handout(tmp_path / "out", "smoke", notebooks)
+    with zipfile.ZipFile(tmp_path / "out" / ZIP_NAME) as zipped:
+        assert zipped.namelist() == ["01_tiny.ipynb", "02_tiny.ipynb"]
+        for name in zipped.namelist():
+            notebook = nbformat.reads(zipped.read(name).decode(), as_version=4)
+            nbformat.validate(notebook)
+            code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+            assert [o.get("text") for o in code[-1].outputs] == [f"ran {name[:2]}\n"]
