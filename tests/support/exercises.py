@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
+from amp_tutorial.exercises import checking
 from amp_tutorial.exercises.checking import RAISED, CheckResult
 
 
@@ -17,7 +18,15 @@ def assert_names(result: CheckResult, key: str, also_raises: bool = False) -> No
 
 
 def problem_keys(module: ModuleType, *not_keys: str) -> set[str]:
-    """The problem keys an exercise module defines: its UPPER_CASE string constants, less
-    ``not_keys`` (settings such as a device type or the praise text)."""
-    return {value for name, value in vars(module).items()
-            if name.isupper() and isinstance(value, str) and value not in not_keys}
+    """The problem keys an exercise module can name: its UPPER_CASE string constants (its own
+    and those it imports, such as the training spy's), less ``not_keys`` (settings such as a
+    device type or the praise text), plus those of the frame every checker runs in: a learner's
+    function that raises or runs past the limit (``checking.RAISED``, ``checking.TIMED_OUT``),
+    and a wrong type of answer where the checker asks ``checking.type_problem``."""
+    own = {value for name, value in vars(module).items()
+           if name.isupper() and not name.startswith("_") and isinstance(value, str)
+           and value not in not_keys}
+    frame = {checking.RAISED, checking.TIMED_OUT}
+    if getattr(module, "type_problem", None) is checking.type_problem:
+        frame.add(checking.WRONG_RETURN)
+    return own | frame

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from amp_tutorial.exercises import accumulation as exercise
+from amp_tutorial.exercises import checking
 from amp_tutorial.exercises.accumulation import check_train_accumulated, group_sizes
 from tests.support import SOLUTIONS
 from tests.support.exercises import assert_names, problem_keys
@@ -179,8 +180,8 @@ MISTAKES = [
      accumulated_loop(returns=lambda groups, micro: [micro[i].item() for i in (2, 5, 7)]),
      exercise.BAD_LOSSES, False),
     ("loss tensors", accumulated_loop(returns=lambda groups, micro: micro[2::3]),
-     exercise.WRONG_RETURN, False),
-    ("returns None", accumulated_loop(returns=lambda groups, micro: None), exercise.WRONG_RETURN,
+     checking.WRONG_RETURN, False),
+    ("returns None", accumulated_loop(returns=lambda groups, micro: None), checking.WRONG_RETURN,
      False),
 ]
 WRONG = {name: fn for name, fn, _, _ in MISTAKES}
@@ -196,7 +197,7 @@ def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises:
 def test_every_problem_key_has_a_case() -> None:
     keys = problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE, exercise.LOSSES_FIX)
     # RAISED and TIMED_OUT: the crash and endless-loop tests in test_exercise_checkers.py
-    covered = {key for _, _, key, _ in MISTAKES} | {exercise.RAISED, exercise.TIMED_OUT}
+    covered = {key for _, _, key, _ in MISTAKES} | {checking.RAISED, checking.TIMED_OUT}
     assert covered == keys
 
 
@@ -208,8 +209,8 @@ def test_torch_raises_what_the_messages_quote() -> None:
               "unscale_() has already been called on this optimizer since the last update()."}
     for case, words in quoted.items():
         result = check_train_accumulated(WRONG[case])
-        raised = next(p.message for p in result.problems if p.key == exercise.RAISED)
-        named = next(p.message for p in result.problems if p.key != exercise.RAISED)
+        raised = next(p.message for p in result.problems if p.key == checking.RAISED)
+        named = next(p.message for p in result.problems if p.key != checking.RAISED)
         assert words in raised and words in named, case
 
 

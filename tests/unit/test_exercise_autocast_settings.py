@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from amp_tutorial.exercises import autocast_settings as exercise
+from amp_tutorial.exercises import checking
 from amp_tutorial.exercises.autocast_settings import (
     SCENARIOS,
     SIMULATED,
@@ -30,6 +31,7 @@ from amp_tutorial.exercises.autocast_settings import (
     simulate,
 )
 from tests.support import SOLUTIONS
+from tests.support.exercises import problem_keys
 
 reference_solution = runpy.run_path(str(SOLUTIONS / "autocast_settings.py"))["autocast_settings"]
 FP16, BF16 = torch.float16, torch.bfloat16
@@ -117,9 +119,9 @@ MISTAKES = [
     ("dtype first", settings(pack=lambda t, dtype, s: (dtype, t, s)), exercise.WRONG_ORDER),
     ("use_scaler first", settings(pack=lambda t, dtype, s: (s, t, dtype)), exercise.WRONG_ORDER),
     ("two values, no use_scaler", settings(pack=lambda t, dtype, s: (t, dtype)),
-     exercise.WRONG_RETURN),
-    ("a dict", settings(pack=as_dict), exercise.WRONG_RETURN),
-    ("returns None", settings(pack=lambda t, dtype, s: None), exercise.WRONG_RETURN),
+     checking.WRONG_RETURN),
+    ("a dict", settings(pack=as_dict), checking.WRONG_RETURN),
+    ("returns None", settings(pack=lambda t, dtype, s: None), checking.WRONG_RETURN),
 ]
 WRONG = {name: fn for name, fn, _ in MISTAKES}
 
@@ -133,10 +135,9 @@ def test_each_mistake_is_named(fn: Callable[[torch.device], object], key: str) -
 
 
 def test_every_problem_key_has_a_case() -> None:
-    keys = {value for name, value in vars(exercise).items()
-            if name.isupper() and isinstance(value, str) and value != exercise.PRAISE}
+    keys = problem_keys(exercise, exercise.PRAISE)
     # RAISED and TIMED_OUT: the crash and endless-loop tests below
-    covered = {key for _, _, key in MISTAKES} | {exercise.RAISED, exercise.TIMED_OUT}
+    covered = {key for _, _, key in MISTAKES} | {checking.RAISED, checking.TIMED_OUT}
     assert covered == keys
 
 

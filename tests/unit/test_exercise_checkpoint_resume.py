@@ -17,9 +17,11 @@ import pytest
 import torch
 
 from amp_tutorial.checkpoint import load_checkpoint, save_checkpoint
+from amp_tutorial.exercises import checking
 from amp_tutorial.exercises import checkpoint_resume as exercise
 from amp_tutorial.exercises.checkpoint_resume import Run, check_save_and_load
 from tests.support import SOLUTIONS
+from tests.support.exercises import problem_keys
 
 reference = runpy.run_path(str(SOLUTIONS / "save_and_load.py"))
 Pair = tuple[Callable[..., object], Callable[..., object]]
@@ -140,8 +142,8 @@ MISTAKES = [
     ("scaler state loaded into a new GradScaler", checkpoint_pair(rebind="scaler"),
      exercise.NOT_LOADED),
     ("step not saved", checkpoint_pair(save_step=False), exercise.WRONG_STEP),
-    ("step not returned", checkpoint_pair(returns="nothing"), exercise.WRONG_RETURN),
-    ("step returned as a tensor", checkpoint_pair(returns="tensor"), exercise.WRONG_RETURN),
+    ("step not returned", checkpoint_pair(returns="nothing"), checking.WRONG_RETURN),
+    ("step returned as a tensor", checkpoint_pair(returns="tensor"), checking.WRONG_RETURN),
     ("checkpoint kept in memory, not written to path", in_memory_pair(),
      exercise.NOTHING_WRITTEN),
     ("load_state_dict(assign=True)", checkpoint_pair(assign=True), exercise.RESUME_DIFFERS),
@@ -159,11 +161,9 @@ def test_each_mistake_is_named(pair: Pair, key: str) -> None:
 
 
 def test_every_problem_key_has_a_case() -> None:
-    keys = {value for name, value in vars(exercise).items()
-            if name.isupper() and isinstance(value, str)
-            and value not in (exercise.DEVICE_TYPE, exercise.PRAISE, exercise.SCENARIO)}
+    keys = problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE, exercise.SCENARIO)
     # RAISED and TIMED_OUT: the crash and endless-loop tests below
-    covered = {key for _, _, key in MISTAKES} | {exercise.RAISED, exercise.TIMED_OUT}
+    covered = {key for _, _, key in MISTAKES} | {checking.RAISED, checking.TIMED_OUT}
     assert covered == keys
 
 

@@ -27,9 +27,11 @@ from amp_tutorial.autocast_policy import (
     has_autocast_kernel,
     trace_dtypes,
 )
+from amp_tutorial.exercises import checking
 from amp_tutorial.exercises import contrastive_loss as exercise
 from amp_tutorial.exercises.contrastive_loss import check_contrastive_loss
 from tests.support import SOLUTIONS
+from tests.support.exercises import problem_keys
 
 SOLUTION = SOLUTIONS / "contrastive_loss.py"
 reference_solution = runpy.run_path(str(SOLUTION))["contrastive_loss"]
@@ -161,9 +163,9 @@ MISTAKES = [
     ("log(exp(...).sum()) in fp32", log_of_exp_sum, exercise.WRONG_VALUE, False),
     ("temperature forgotten", temperature_forgotten, exercise.WRONG_VALUE, False),
     ("logsumexp detached", logsumexp_detached, exercise.WRONG_GRADIENT, False),
-    ("returns None", returns_none, exercise.WRONG_RETURN, False),
-    ("returns a tuple", returns_a_tuple, exercise.WRONG_RETURN, False),
-    ("targets made on the CPU", targets_on_the_cpu, exercise.RAISED, True),
+    ("returns None", returns_none, checking.WRONG_RETURN, False),
+    ("returns a tuple", returns_a_tuple, checking.WRONG_RETURN, False),
+    ("targets made on the CPU", targets_on_the_cpu, checking.RAISED, True),
 ]
 
 
@@ -172,18 +174,16 @@ MISTAKES = [
 def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises: bool) -> None:
     result = check_contrastive_loss(fn)
     assert not result.passed
-    expected = {key, exercise.RAISED} if also_raises else {key}
+    expected = {key, checking.RAISED} if also_raises else {key}
     assert result.keys <= expected and key in result.keys, str(result)
     assert all(p.message for p in result.problems) and "Traceback" not in str(result)
 
 
 def test_every_problem_key_has_a_case() -> None:
-    keys = {value for name, value in vars(exercise).items()
-            if name.isupper() and not name.startswith("_") and isinstance(value, str)
-            and value not in (exercise.DEVICE_TYPE, exercise.SIMULATED_DEVICE_TYPE,
-                              exercise.PRAISE, exercise.SIMULATED)}
+    keys = problem_keys(exercise, exercise.DEVICE_TYPE, exercise.SIMULATED_DEVICE_TYPE,
+                        exercise.PRAISE, exercise.SIMULATED)
     # TIMED_OUT: the endless-loop test below; RAISED also has the crash test
-    covered = {key for _, _, key, _ in MISTAKES} | {exercise.TIMED_OUT}
+    covered = {key for _, _, key, _ in MISTAKES} | {checking.RAISED, checking.TIMED_OUT}
     assert covered == keys
 
 

@@ -17,9 +17,11 @@ import pytest
 import torch
 from torch import nn
 
+from amp_tutorial.exercises import checking
 from amp_tutorial.exercises import fp16_step as exercise
 from amp_tutorial.exercises.fp16_step import check_fp16_step
 from tests.support import SOLUTIONS
+from tests.support.exercises import problem_keys
 
 reference_solution = runpy.run_path(str(SOLUTIONS / "fp16_step.py"))["fp16_step"]
 
@@ -154,8 +156,8 @@ MISTAKES = [
      False),
     ("returns the scaled loss", amp_step(returns="scaled"), exercise.RETURNED_SCALED_LOSS,
      False),
-    ("returns the loss tensor", amp_step(returns="tensor"), exercise.WRONG_RETURN, False),
-    ("returns None", amp_step(returns="none"), exercise.WRONG_RETURN, False),
+    ("returns the loss tensor", amp_step(returns="tensor"), checking.WRONG_RETURN, False),
+    ("returns None", amp_step(returns="none"), checking.WRONG_RETURN, False),
     ("returns the gradient norm", amp_step(returns="grad norm"), exercise.LOSS_NOT_LIKE_FP32,
      False),
     ("clips the L1 norm", amp_step(clip="L1"), exercise.PARAMS_NOT_LIKE_FP32, False),
@@ -172,17 +174,15 @@ WRONG = {name: fn for name, fn, _, _ in MISTAKES}
 def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises: bool) -> None:
     result = check_fp16_step(fn)
     assert not result.passed
-    expected = {key, exercise.RAISED} if also_raises else {key}
+    expected = {key, checking.RAISED} if also_raises else {key}
     assert result.keys == expected, str(result)
     assert all(p.message for p in result.problems)
 
 
 def test_every_problem_key_has_a_case() -> None:
-    keys = {value for name, value in vars(exercise).items()
-            if name.isupper() and isinstance(value, str)
-            and value not in (exercise.DEVICE_TYPE, exercise.PRAISE)}
+    keys = problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE)
     # RAISED and TIMED_OUT: the crash and endless-loop tests below
-    covered = {key for _, _, key, _ in MISTAKES} | {exercise.RAISED, exercise.TIMED_OUT}
+    covered = {key for _, _, key, _ in MISTAKES} | {checking.RAISED, checking.TIMED_OUT}
     assert covered == keys
 
 
@@ -200,8 +200,8 @@ def test_messages_quote_what_torch_raises() -> None:
                          "No inf checks were recorded for this optimizer."),
                         ("loss not scaled", "Attempted unscale_ but _scale is None.")]:
         result = check_fp16_step(WRONG[case])
-        raised = next(p.message for p in result.problems if p.key == exercise.RAISED)
-        named = next(p.message for p in result.problems if p.key != exercise.RAISED)
+        raised = next(p.message for p in result.problems if p.key == checking.RAISED)
+        named = next(p.message for p in result.problems if p.key != checking.RAISED)
         assert words in raised and words in named, case
 
 

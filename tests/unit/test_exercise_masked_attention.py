@@ -21,6 +21,7 @@ from amp_tutorial.exercises import checking
 from amp_tutorial.exercises import masked_attention as exercise
 from amp_tutorial.exercises.masked_attention import check_masked_attention
 from tests.support import SOLUTIONS
+from tests.support.exercises import problem_keys
 
 SOLUTION = SOLUTIONS / "masked_attention.py"
 reference_solution = runpy.run_path(str(SOLUTION))["masked_attention"]
@@ -160,18 +161,16 @@ WRONG = {name: fn for name, fn, _, _ in MISTAKES}
 def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises: bool) -> None:
     result = check_masked_attention(fn)
     assert not result.passed
-    expected = {key, exercise.RAISED} if also_raises else {key}
+    expected = {key, checking.RAISED} if also_raises else {key}
     assert result.keys == expected, str(result)
     assert "Traceback" not in str(result)
 
 
 def test_every_problem_key_has_a_case() -> None:
-    keys = {value for name, value in vars(exercise).items()
-            if name.isupper() and isinstance(value, str)
-            and value not in (exercise.DEVICE_TYPE, exercise.PRAISE, exercise.OVERFLOW_ERROR)
-            and name not in ("RANDOM", "CAUSAL", "MID", "LARGE")}
+    keys = problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE, exercise.OVERFLOW_ERROR,
+                        *(exercise.RANDOM, exercise.CAUSAL, exercise.MID, exercise.LARGE))
     # RAISED and TIMED_OUT: the crash and endless-loop tests below
-    covered = {key for _, _, key, _ in MISTAKES} | {exercise.RAISED, exercise.TIMED_OUT}
+    covered = {key for _, _, key, _ in MISTAKES} | {checking.RAISED, checking.TIMED_OUT}
     assert covered == keys
 
 

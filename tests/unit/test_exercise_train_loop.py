@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch import nn
 
+from amp_tutorial.exercises import checking
 from amp_tutorial.exercises import train_loop as exercise
 from amp_tutorial.exercises.train_loop import check_train_with_amp
 from tests.support import SOLUTIONS
@@ -240,7 +241,7 @@ def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises:
 def test_every_problem_key_has_a_case() -> None:
     keys = problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE)
     # RAISED and TIMED_OUT: the crash and endless-loop tests in test_exercise_checkers.py
-    covered = {key for _, _, key, _ in MISTAKES} | {exercise.RAISED, exercise.TIMED_OUT}
+    covered = {key for _, _, key, _ in MISTAKES} | {checking.RAISED, checking.TIMED_OUT}
     assert covered == keys
 
 
@@ -329,10 +330,10 @@ def test_problem_is_repeatable_and_leaves_global_rng_alone() -> None:
 def test_zeroed_before_step_message_quotes_what_torch_raises() -> None:
     """set_to_none=True: scaler.step raises, and the message quotes torch's own words for it."""
     result = check_train_with_amp(WRONG["zeroed between backward and step"])
-    raised = next(p.message for p in result.problems if p.key == exercise.RAISED)
+    raised = next(p.message for p in result.problems if p.key == checking.RAISED)
     said = next(p.message for p in result.problems
                 if p.key == exercise.GRADS_ZEROED_BEFORE_STEP)
     assert "No inf checks were recorded for this optimizer." in raised
     assert "No inf checks were recorded for this optimizer." in said
     silent = check_train_with_amp(WRONG["zeroed (to zeros) between backward and step"])
-    assert exercise.RAISED not in silent.keys  # set_to_none=False: no error, a silent step
+    assert checking.RAISED not in silent.keys  # set_to_none=False: no error, a silent step

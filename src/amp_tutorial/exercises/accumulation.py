@@ -23,8 +23,6 @@ import torch
 from torch import nn
 
 from amp_tutorial.exercises.checking import (
-    RAISED,
-    TIMED_OUT,
     WRONG_RETURN,
     Attempt,
     CheckResult,
@@ -34,7 +32,15 @@ from amp_tutorial.exercises.checking import (
     error_problem,
     type_problem,
 )
-from amp_tutorial.exercises.training_spy import TrainingSpy
+from amp_tutorial.exercises.training_spy import (
+    CLIPPED_WITHOUT_MAX,
+    FORWARD_NOT_AUTOCAST,
+    GRADS_NOT_ZEROED,
+    NO_SCALER_UPDATE,
+    NOT_CLIPPED,
+    OVER_CLIPPED,
+    TrainingSpy,
+)
 
 # The problem: 8 micro-batches of 32 samples, stepped in groups of 3.
 N_MICRO = 8
@@ -49,7 +55,6 @@ LOSS_RTOL = 0.03  # fp32's gradient and loss on the same big batch; a mistake is
 DEVICE_TYPE = "cpu"  # float16 and bfloat16 autocast and GradScaler("cpu") all run on the CPU
 
 # Problem keys: one per mistake the checker can name.
-FORWARD_NOT_AUTOCAST = "forward-not-autocast"
 LOSS_NOT_DIVIDED = "loss-not-divided"
 REMAINDER_DIVIDED_BY_K = "remainder-divided-by-k"
 STEPPED_MID_GROUP = "stepped-mid-group"
@@ -57,17 +62,12 @@ REMAINDER_SKIPPED = "remainder-skipped"
 WRONG_GROUPS = "wrong-groups"
 GRAPHS_HELD = "graphs-held"
 UPDATE_MID_GROUP = "update-mid-group"
-NO_SCALER_UPDATE = "no-scaler-update"
 ZEROED_MID_GROUP = "zeroed-mid-group"
-GRADS_NOT_ZEROED = "grads-not-zeroed"
 UNSCALED_MID_GROUP = "unscaled-mid-group"
-NOT_CLIPPED = "not-clipped"
-OVER_CLIPPED = "over-clipped"
-CLIPPED_WITHOUT_MAX = "clipped-without-max-grad-norm"
 SCALER_REPLACED = "scaler-replaced"
 GRADIENT_NOT_LIKE_FP32 = "gradient-not-like-fp32"
 BAD_LOSSES = "bad-losses"
-__all__ = ["RAISED", "TIMED_OUT", "WRONG_RETURN", "check_train_accumulated", "group_sizes"]
+__all__ = ["check_train_accumulated", "group_sizes"]
 PRAISE = ("All checks passed: one scaled backward per micro-batch, one step and update per "
           "group (the short last group too), zeroing between groups only, and every step's "
           "gradient matches fp32 on the group as one batch (float16 and bfloat16).")

@@ -24,8 +24,6 @@ from unittest import mock
 import torch
 
 from amp_tutorial.exercises.checking import (
-    RAISED,
-    TIMED_OUT,
     WRONG_RETURN,
     CheckResult,
     Exercise,
@@ -51,7 +49,7 @@ NO_SCALER_WITH_FP16 = "no-scaler-with-fp16"
 SCALER_WITH_BF16 = "scaler-with-bf16"
 SCALER_NOT_BOOL = "scaler-not-bool"
 WRONG_ORDER = "wrong-order"
-__all__ = ["RAISED", "TIMED_OUT", "WRONG_RETURN", "check_autocast_settings", "expected_settings"]
+__all__ = ["check_autocast_settings", "expected_settings"]
 PRAISE = ("All checks passed: device_type, dtype and use_scaler are right for the CPU (also on "
           "machines with a CUDA or an Apple GPU), an Ampere "
           "and a T4 GPU, MPS, and an XPU with and without native bfloat16, and torch.autocast "

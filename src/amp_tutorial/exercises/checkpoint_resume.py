@@ -29,9 +29,6 @@ import torch
 from torch import nn
 
 from amp_tutorial.exercises.checking import (
-    RAISED,
-    TIMED_OUT,
-    WRONG_RETURN,
     CheckResult,
     Exercise,
     Problem,
@@ -63,7 +60,7 @@ NOT_LOADED = "state-not-loaded-into-object"
 WEIGHTS_DOWNCAST = "weights-in-low-precision"
 WRONG_STEP = "wrong-step"
 RESUME_DIFFERS = "resume-differs"
-__all__ = ["RAISED", "TIMED_OUT", "WRONG_RETURN", "check_save_and_load"]
+__all__ = ["check_save_and_load"]
 PRAISE = (f"All checks passed: saved after step {SAVE_AT} and loaded into fresh objects, the run "
           f"resumed at the right step and ended bit for bit like the uninterrupted one "
           "(parameters and BatchNorm's running statistics, Adam's state and its decayed learning "

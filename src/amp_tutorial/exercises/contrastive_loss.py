@@ -33,7 +33,6 @@ from amp_tutorial.autocast_policy import autocast_flags, fake_tensors
 from amp_tutorial.exercises.checking import (
     RAISED,
     TIMED_OUT,
-    WRONG_RETURN,
     Attempt,
     CheckResult,
     Exercise,
@@ -68,7 +67,7 @@ RETURNED_NUMBER = "returned-python-number"
 WRONG_REDUCTION = "wrong-reduction"
 WRONG_VALUE = "wrong-value"
 WRONG_GRADIENT = "wrong-gradient"
-__all__ = ["RAISED", "TIMED_OUT", "WRONG_RETURN", "check_contrastive_loss", "make_cases",
+__all__ = ["check_contrastive_loss", "make_cases",
            "reference_loss"]
 PRAISE = ("All checks passed: under float16 and bfloat16 autocast your loss is float32, matches "
           "the fp32 reference on inputs that break 16-bit math and sends the right gradients to "

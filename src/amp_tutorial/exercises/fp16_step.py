@@ -21,9 +21,6 @@ import torch
 from torch import nn
 
 from amp_tutorial.exercises.checking import (
-    RAISED,
-    TIMED_OUT,
-    WRONG_RETURN,
     Attempt,
     CheckResult,
     Exercise,
@@ -33,7 +30,20 @@ from amp_tutorial.exercises.checking import (
     type_problem,
 )
 from amp_tutorial.exercises.train_loop import make_exercise_problem
-from amp_tutorial.exercises.training_spy import TrainingSpy
+from amp_tutorial.exercises.training_spy import (
+    BACKWARD_IN_AUTOCAST,
+    CLIP_BEFORE_UNSCALE,
+    FORWARD_NOT_AUTOCAST,
+    GRADS_NOT_ZEROED,
+    GRADS_ZEROED_BEFORE_STEP,
+    LOSS_NOT_SCALED,
+    NO_SCALER_UPDATE,
+    NOT_CLIPPED,
+    OPTIMIZER_STEP_DIRECT,
+    STEPPED_TWICE,
+    WRONG_AUTOCAST_DTYPE,
+    TrainingSpy,
+)
 
 # The problem every check runs: small enough to answer in well under a second on a laptop CPU.
 N_STEPS = 3
@@ -49,25 +59,14 @@ PARAMS_RTOL = {"SGD": 0.1, "Adam": 0.3}
 DEVICE_TYPE = "cpu"  # float16 autocast and GradScaler("cpu") both work on the CPU
 
 # Problem keys: one per mistake the checker can name.
-FORWARD_NOT_AUTOCAST = "forward-not-autocast"
-WRONG_AUTOCAST_DTYPE = "wrong-autocast-dtype"
-BACKWARD_IN_AUTOCAST = "backward-in-autocast"
-LOSS_NOT_SCALED = "loss-not-scaled"
-GRADS_NOT_ZEROED = "grads-not-zeroed"
-GRADS_ZEROED_BEFORE_STEP = "grads-zeroed-before-step"
-CLIP_BEFORE_UNSCALE = "clip-before-unscale"
 CLIP_WITHOUT_UNSCALE = "clip-without-unscale"
 UNSCALED_TWICE = "unscaled-twice"
-NOT_CLIPPED = "not-clipped"
-OPTIMIZER_STEP_DIRECT = "optimizer-step-direct"
-STEPPED_TWICE = "optimizer-stepped-twice"
-NO_SCALER_UPDATE = "no-scaler-update"
 OTHER_SCALER = "other-scaler"
 RETURNED_SCALED_LOSS = "returned-scaled-loss"
 LOSS_NOT_LIKE_FP32 = "loss-not-like-fp32"
 PARAMS_NOT_LIKE_FP32 = "params-not-like-fp32"
 OVERFLOW_NOT_HANDLED = "overflow-not-handled"
-__all__ = ["RAISED", "TIMED_OUT", "WRONG_RETURN", "check_fp16_step", "make_step_problem"]
+__all__ = ["check_fp16_step", "make_step_problem"]
 PRAISE = ("All checks passed: autocast, the scaled backward, unscale_ before clipping, the "
           "scaler's step and update, and the returned loss are right (SGD and Adam), and an "
           "overflowing step is skipped.")

@@ -19,9 +19,6 @@ from dataclasses import dataclass
 import torch
 
 from amp_tutorial.exercises.checking import (
-    RAISED,
-    TIMED_OUT,
-    WRONG_RETURN,
     Attempt,
     CheckResult,
     Exercise,
@@ -54,7 +51,7 @@ WRONG_DTYPE = "wrong-output-dtype"
 WRONG_SHAPE = "wrong-output-shape"
 NOT_LIKE_REFERENCE = "not-like-reference"
 INPUTS_MODIFIED = "inputs-modified-in-place"
-__all__ = ["RAISED", "TIMED_OUT", "WRONG_RETURN", "check_masked_attention", "make_cases",
+__all__ = ["check_masked_attention", "make_cases",
            "reference_attention"]
 PRAISE = ("All checks passed: float16 tensors, float16 under CPU autocast and float32 agree with "
           "float64 attention, with scores beyond float16's range, random and causal masks, and "

@@ -21,8 +21,6 @@ import torch
 from torch import nn
 
 from amp_tutorial.exercises.checking import (
-    RAISED,
-    TIMED_OUT,
     Attempt,
     CheckResult,
     Exercise,
@@ -30,7 +28,22 @@ from amp_tutorial.exercises.checking import (
     attempt,
     error_problem,
 )
-from amp_tutorial.exercises.training_spy import TrainingSpy
+from amp_tutorial.exercises.training_spy import (
+    BACKWARD_IN_AUTOCAST,
+    CLIP_BEFORE_UNSCALE,
+    CLIPPED_WITHOUT_MAX,
+    FORWARD_NOT_AUTOCAST,
+    GRADS_NOT_ZEROED,
+    GRADS_ZEROED_BEFORE_STEP,
+    LOSS_NOT_SCALED,
+    NO_SCALER_UPDATE,
+    NOT_CLIPPED,
+    OPTIMIZER_STEP_DIRECT,
+    OVER_CLIPPED,
+    STEPPED_TWICE,
+    WRONG_AUTOCAST_DTYPE,
+    TrainingSpy,
+)
 
 # The problem every check runs: small enough to answer in about a second on a laptop CPU.
 EPOCHS = 4
@@ -45,23 +58,10 @@ DEVICE_TYPE = "cpu"  # fp16 and bf16 autocast and GradScaler("cpu") all work on 
 # Problem keys: one per mistake the checker can name.
 NO_BACKWARD = "no-backward"
 NO_OPTIMIZER_STEP = "no-optimizer-step"
-FORWARD_NOT_AUTOCAST = "forward-not-autocast"
-WRONG_AUTOCAST_DTYPE = "wrong-autocast-dtype"
-BACKWARD_IN_AUTOCAST = "backward-in-autocast"
-LOSS_NOT_SCALED = "loss-not-scaled"
-OPTIMIZER_STEP_DIRECT = "optimizer-step-direct"
-NO_SCALER_UPDATE = "no-scaler-update"
 SCALER_NOT_CARRIED = "scaler-state-not-carried"
-STEPPED_TWICE = "optimizer-stepped-twice"
-GRADS_NOT_ZEROED = "grads-not-zeroed"
-GRADS_ZEROED_BEFORE_STEP = "grads-zeroed-before-step"
-CLIP_BEFORE_UNSCALE = "clip-before-unscale"
-NOT_CLIPPED = "not-clipped"
-OVER_CLIPPED = "over-clipped"
-CLIPPED_WITHOUT_MAX = "clipped-without-max-grad-norm"
 BAD_HISTORY = "bad-loss-history"
 HISTORY_NOT_LIKE_FP32 = "history-not-like-fp32"
-__all__ = ["RAISED", "TIMED_OUT", "check_train_with_amp", "make_exercise_problem", "train_fp32"]
+__all__ = ["check_train_with_amp", "make_exercise_problem", "train_fp32"]
 PRAISE = ("All checks passed: autocast, GradScaler, clipping, zeroing and the loss history are "
           "right (float16 and bfloat16).")
 EXERCISE = Exercise("06", "train_with_amp", PRAISE)

@@ -21,6 +21,21 @@ from unittest import mock
 import torch
 from torch import nn
 
+# The training-step mistakes more than one checker names (the spy sees them all), one key each.
+FORWARD_NOT_AUTOCAST = "forward-not-autocast"
+WRONG_AUTOCAST_DTYPE = "wrong-autocast-dtype"
+BACKWARD_IN_AUTOCAST = "backward-in-autocast"
+LOSS_NOT_SCALED = "loss-not-scaled"
+GRADS_NOT_ZEROED = "grads-not-zeroed"
+GRADS_ZEROED_BEFORE_STEP = "grads-zeroed-before-step"
+CLIP_BEFORE_UNSCALE = "clip-before-unscale"
+NOT_CLIPPED = "not-clipped"
+OVER_CLIPPED = "over-clipped"
+CLIPPED_WITHOUT_MAX = "clipped-without-max-grad-norm"
+OPTIMIZER_STEP_DIRECT = "optimizer-step-direct"
+STEPPED_TWICE = "optimizer-stepped-twice"
+NO_SCALER_UPDATE = "no-scaler-update"
+
 
 class TrainingScenario(Protocol):
     """What the spy needs to know of a run: the autocast dtype expected and the clipping norm."""
