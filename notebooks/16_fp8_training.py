@@ -156,12 +156,12 @@ for fmt in ("float8_e4m3fn", "float8_e5m2"):  # below the range: all zero, unles
 # inside `fp8_autocast`), tied to NVIDIA's CUDA stack (AMD keeps a separate ROCm port).
 #
 # `_scaled_mm` runs on NVIDIA GPUs of compute capability 8.9 and newer (Ada, Hopper, Blackwell),
-# on AMD Instinct MI300 and newer, and, from torch 2.14, on the CPU. Only the GPUs have FP8 matrix
-# cores; there the run is compiled (`torch.compile` fuses the scaling and casting, which a speedup
-# needs) at the preset's sizes. Elsewhere the cells train on the CPU, whose `_scaled_mm` computes
-# the same FP8 numbers far more slowly: the `smoke` preset's transformer, eagerly, for 10 steps,
-# whatever the preset. Only linear layers are converted, so the transformer is the model; the
-# vocabulary head stays in bf16.
+# on AMD Instinct MI300 and newer, and, in the course's torch 2.14, on the CPU. Those GPUs have FP8
+# matrix cores; there the run is compiled (`torch.compile` fuses the scaling and casting, which a
+# speedup needs) at the preset's sizes. Elsewhere (a CPU, MPS, an older GPU) the cells train on the
+# CPU, whose `_scaled_mm` computes the same FP8 numbers far more slowly: the `smoke` preset's
+# transformer, eagerly, for 10 steps, whatever the preset. Only linear layers are converted, so the
+# transformer is the model; the vocabulary head stays in bf16.
 
 # %%
 def fp8_capable():
@@ -280,19 +280,19 @@ if fp8_runs:
 # %% [markdown]
 # ## Try it
 #
-# Each exercise changes one thing in section 1, which runs on the CPU on every machine. Predict the
-# outcome, then re-run from that cell.
+# Each exercise changes one thing; 1 and 2 in section 1, 3 in section 2. Predict the outcome, then
+# re-run from that cell.
 #
 # 1. **Values of order one.** Make the loop `for std in (1e-3, 1e-6, 1.0):`. At std 1.0 almost
 #    every value is normal in both formats (1.4% lie below e4m3fn's 2^-6, none below e5m2's), and
-#    the errors without a scale (0.0267 and 0.0536) are already those with one: the scale matters
-#    only below the normal range, as in section 1.
-# 2. **Overshoot the range.** Double the scale (`scale = 2 * torch.finfo(dtype).max / ...`). In
-#    e5m2 the largest values overflow to inf, so its scaled error is inf and the assert cell stops.
-#    e4m3fn saturates at 448 instead (section 1), and its error grows about 4x, 0.027 to 0.116.
-#    That is why the scale aims at the largest value.
-# 3. **Train longer on the CPU.** Set `steps = 20` in section 2's run cell: both losses keep
-#    falling together (to about 1.6 at step 20, from 2.53), at FP8's slow CPU speed.
+#    the errors without a scale (0.0267 and 0.0536) are about those with one (0.0274 and 0.0524):
+#    the scale matters only below the normal range, as in section 1.
+# 2. **Overshoot the range.** Double the scale (`scale = 2 * torch.finfo(dtype).max / ...`). Both
+#    scaled errors grow and the assert cell stops: in e5m2 the largest values overflow to inf, so
+#    its error is inf; e4m3fn saturates at 448 instead (section 1), and its error grows about 4x,
+#    0.027 to 0.116. That is why the scale aims at the largest value.
+# 3. **Train longer on the CPU.** Change the CPU's 10 steps to 20 in section 2's run cell: both
+#    losses keep falling together (to about 1.6 at step 20, from 2.53), at FP8's slow CPU speed.
 
 # %% [markdown]
 # ## What to remember
