@@ -315,6 +315,31 @@ print(f"On {info.name} ({info.backend}), preset {preset.name}: {best} ran at {sp
       f"{results.loc[best, 'activations vs fp32']:.0%} of fp32's activation bytes.")
 assert ("less time" in faster) == (speedup > 1)  # the sentence goes the way the numbers went
 
+# %% [markdown]
+# ### The ceiling: how much faster can a step get on this device?
+#
+# The ConvModel's 1x1 convolutions are matmuls over the pixels; the rest of a step (BatchNorm,
+# ReLU, autocast's casts, the optimizer) is passes over memory. The most AMP can gain is what a
+# low-precision matmul gains over fp32 on this device, measured now (`matmul_ceiling`: n x n
+# matmuls at two sizes, 2n³ FLOPs each, median GFLOP/s of timed calls, quartile range in
+# brackets). A training gain below that ceiling is what the rest of the step costs. On a 2-core
+# EPYC Zen 4 (AVX512-BF16, no AMX), bf16 matmuls ran about 2.2x fp32 and this model trained 2.0x
+# faster at `cpu`; AMX lifts the ceiling further, and a CPU without native bf16 puts it below 1.
+# `pdm run bench` prints the same line for both course models.
+
+# %%
+from amp_tutorial.ceiling import SIZES, matmul_ceiling
+
+ceiling = matmul_ceiling(info, SIZES[preset.name])
+print("\n".join(ceiling.lines()))
+for name, gain in speedups.items():
+    dtype = name.split()[-1]  # "AMP bf16" -> "bf16"
+    if dtype in ceiling.low_dtypes:
+        top = ceiling.best_ratio(dtype)
+        print(f"{name}: training {gain:.2f}x, of a {top:.2f}x matmul ceiling ({gain / top:.0%})")
+if info.type == "cpu" and info.native_bf16 is False and "bf16" in ceiling.low_dtypes:
+    assert ceiling.best_ratio("bf16") < 1, "emulated bf16 matmuls should be slower than fp32"
+
 # %%
 bars = {"time per step (ms)": results["time/step median (ms)"].to_dict(),
         "saved activations (MB)": results["saved activations (MB)"].to_dict()}
@@ -403,7 +428,7 @@ assert has_rule == {"cpu": False, "cuda": False, "xpu": False, "mps": True}
 # - AMP halves the activation memory on CPU, CUDA/ROCm and XPU (asserted above, here and under
 #   CUDA's policy); on MPS, where BatchNorm stays fp32, this network saves more. Time depends on the
 #   hardware: measured at the `cpu` preset, bf16 trained 2.0x faster than fp32 on a 2-core EPYC
-#   (Zen 4) with AVX512-BF16, about the ceiling of its bf16 instructions, and slower than fp32 on a
-#   CPU without native bf16 (docs/benchmark.md). Your run's numbers are in the table above.
+#   (Zen 4) with AVX512-BF16, of a 2.2x bf16 matmul ceiling there, and slower than fp32 on a CPU
+#   without native bf16 (docs/benchmark.md). Your run's gain and ceiling are printed above.
 #
 # **Lesson 04** does the same comparison for inference.
