@@ -3,7 +3,7 @@
 #   amp_tutorial:
 #     memory:
 #       cpu: 146
-#       paper: 1546
+#       paper: 1030
 #     minutes:
 #       cpu: 0.3
 #       small: 0.2
