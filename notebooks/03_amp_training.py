@@ -319,12 +319,15 @@ assert ("less time" in faster) == (speedup > 1)  # the sentence goes the way the
 # ### The ceiling: how much faster can a step get on this device?
 #
 # The ConvModel's 1x1 convolutions are matmuls over the pixels; the rest of a step (BatchNorm,
-# ReLU, autocast's casts, the optimizer) is passes over memory. The most AMP can gain is what a
-# low-precision matmul gains over fp32 on this device, measured now (`matmul_ceiling`: n x n
-# matmuls at two sizes, 2n³ FLOPs each, median GFLOP/s of timed calls, quartile range in
-# brackets). A training gain below that ceiling is what the rest of the step costs. On a 2-core
+# ReLU, autocast's casts, the optimizer) is passes over memory. Roughly the most AMP can gain in
+# a matmul-bound step is what a low-precision matmul gains over fp32 on this device, measured now
+# (`matmul_ceiling`: n x n matmuls at two sizes, 2n³ FLOPs each, median GFLOP/s of timed calls,
+# quartile range in brackets; on CUDA the fp32 matmul runs in TF32 when cuDNN's convolutions do,
+# as the fp32 baseline's do by default). A gain below it is what the rest of the step costs; the
+# passes over memory gain too (half the bytes), so a memory-bound step can beat it. On a 2-core
 # EPYC Zen 4 (AVX512-BF16, no AMX), bf16 matmuls ran about 2.2x fp32 and this model trained 2.0x
-# faster at `cpu`; AMX lifts the ceiling further, and a CPU without native bf16 puts it below 1.
+# faster at `cpu`; AMX lifts the ceiling further, and a CPU without native bf16 puts it near 1
+# (AVX-512 without its bf16 instructions) or far below (AVX2 only).
 # `pdm run bench` prints the same line for both course models.
 
 # %%
@@ -338,7 +341,7 @@ for name, gain in speedups.items():
         top = ceiling.best_ratio(dtype)
         print(f"{name}: training {gain:.2f}x, of a {top:.2f}x matmul ceiling ({gain / top:.0%})")
 if info.type == "cpu" and info.native_bf16 is False and "bf16" in ceiling.low_dtypes:
-    assert ceiling.best_ratio("bf16") < 1, "emulated bf16 matmuls should be slower than fp32"
+    assert ceiling.best_ratio("bf16") < 1.5, "emulated bf16 matmuls should gain nothing real"
 
 # %%
 bars = {"time per step (ms)": results["time/step median (ms)"].to_dict(),

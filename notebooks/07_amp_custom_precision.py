@@ -352,8 +352,8 @@ assert torch.autograd.gradcheck(LogCosh.apply, (x, zeros))
 # 16-bit prediction and target under each device's autocast, probed on fake tensors (lesson 01):
 # on a CPU every op stays in 16 bits; on CUDA, XPU and MPS `exp` and `log1p` are on the fp32 list
 # (`AT_FORALL_FP32` in `autocast_mode.h` for CUDA and XPU; MPS registers its own) and promotion
-# carries fp32 through the rest, but `prediction - target` and `abs` still run in 16 bits: the
-# difference is rounded before any fp32 op sees it.
+# carries fp32 through the rest, but `prediction - target`, `abs` and `-2 * |diff|` still run in
+# 16 bits: the difference is rounded before any fp32 op sees it.
 
 # %%
 from amp_tutorial.autocast_policy import autocast_flags, fake_tensors, trace_dtypes

@@ -285,7 +285,11 @@ assert (update_norm(before, params) > 0) != nonfinite  # taken exactly when all 
 # Forgetting the `* inv_scale` makes the penalty `scale` times too large (65536 times at the
 # default start), and it changes as the scale changes. If a scaled gradient overflowed, the
 # penalty is inf, the total loss's gradients are inf too, and `scaler.step` skips the step as
-# usual.
+# usual. Run on a CPU at a GPU's width (128 or 256 channels, `AMP_TUTORIAL_GPU_SIZES=1`), this
+# recipe's float16 second backward gave NaN in the first convolution's gradients at every scale
+# from 2^-8 to 2^10 (float32: finite), so every such step was skipped; whether a GPU's float16
+# kernels do the same was not run (docs/gpu-register.md). Watch `scaler.get_scale()`: a scale that
+# keeps halving says the penalty's steps are being skipped.
 
 # %% [markdown]
 # ## Try it

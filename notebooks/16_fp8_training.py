@@ -80,9 +80,10 @@ formats
 
 # %% [markdown]
 # A value past the largest one does not behave alike in the three formats when you cast it with
-# `.to()` (torch 2.14, `c10`'s `Float8_e4m3fn.h` and `Float8_e4m3fnuz.h`): e4m3fn saturates at
-# 448 (infinity too; NaN stays NaN), e5m2 becomes inf, and e4m3fnuz becomes **NaN** from 248 up
-# (the halfway point to 256). So a scale computed for e4m3fn's 448 turns e4m3fnuz values into NaN.
+# `.to()` (torch 2.14, `torch/headeronly/util/Float8_e4m3fn.h` and `Float8_e4m3fnuz.h`): e4m3fn
+# saturates at 448 (infinity too; NaN stays NaN), e5m2 becomes inf, and e4m3fnuz becomes **NaN**
+# from 248 up (the halfway point to 256). So a scale computed for e4m3fn's 448 turns e4m3fnuz
+# values into NaN.
 
 # %%
 past = torch.tensor([300.0, 1e6, math.inf])
@@ -131,8 +132,8 @@ quantization
 # The scale helps where the values lie below the format's normal range, and only there. At 1e-3
 # every value lies below e4m3fn's smallest normal (2^-6), most become zero, and the scale brings
 # the error down about twentyfold. e5m2's normal range reaches down to 2^-14 (about 6e-5), so at
-# 1e-3 nearly all values are normal already: the scale moves them, but the error stays what three
-# bits of precision give (about 0.05). At 1e-6 both formats round every value to zero without a
+# 1e-3 nearly all values are normal already: the scale moves them, but the error stays what two
+# mantissa bits give (about 0.05). At 1e-6 both formats round every value to zero without a
 # scale, and with it both are back at their precision. These hold for any seed (the cell measures
 # seed 0; seeds 0-9 give the same picture within 0.002).
 
@@ -177,16 +178,16 @@ def fp8_capable():
 
 def to_float8(model):
     """Swap every linear whose sizes are multiples of 16, except the vocabulary head, for
-    torchao's Float8Linear."""
+    torchao's Float8Linear (in place); returns the model."""
     from torchao.float8 import convert_to_float8_training
 
-    convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn != "head" and (
+    return convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn != "head" and (
         m.in_features % 16 == 0 and m.out_features % 16 == 0))
 
 
 # %%
 def cpu_scaled_mm():
-    """Whether torch computes _scaled_mm on the CPU (from 2.14) and torchao imports."""
+    """Whether torch computes _scaled_mm on the CPU (torch 2.14 does) and torchao imports."""
     a, one = torch.ones(16, 16).to(torch.float8_e4m3fn), torch.ones(())
     try:
         import torchao.float8  # noqa: F401
@@ -201,9 +202,7 @@ def cpu_scaled_mm():
 def train_transformer(use_fp8, device, sizes, steps, compiled):
     """Lesson 12's transformer, one batch, bf16 autocast; use_fp8: torchao's float8 linears."""
     make_model, x, y, _ = course_models(sizes, device)["transformer"]
-    model = make_model()
-    if use_fp8:
-        to_float8(model)
+    model = to_float8(make_model()) if use_fp8 else make_model()
     net = torch.compile(model) if compiled else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     timer, losses = StepTimer(device, warmup=1 if compiled else 0), []
@@ -216,13 +215,15 @@ def train_transformer(use_fp8, device, sizes, steps, compiled):
         optimizer.step()
         losses.append(loss.item())
 
-    ops = op_counts(step, device)  # step 1, profiled (and compiled)
-    for _ in tqdm(range(steps - 1), desc="FP8" if use_fp8 else "bf16"):
+    if compiled:  # compiling traces _scaled_mm on fake tensors too: profile the step after it
+        step()
+    ops = op_counts(step, device)  # one step, profiled
+    for _ in tqdm(range(steps - 1 - compiled), desc="FP8" if use_fp8 else "bf16"):
         with timer.step():
             step()
-    return {"ms/step": timer.timing.median * 1e3, "first loss": losses[0],
-            "final loss": losses[-1], "_scaled_mm calls": ops.get("aten::_scaled_mm", 0),
-            "float8 layers": sum(type(m).__name__ == "Float8Linear" for m in model.modules())}
+    layers = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+    return {"ms/step": timer.timing.median * 1e3, "first loss": losses[0], "final loss": losses[-1],
+            "_scaled_mm calls": ops.get("aten::_scaled_mm", 0), "float8 layers": layers}
 
 
 # %%
@@ -245,8 +246,9 @@ pd.DataFrame(fp8_runs).T.round(3)
 
 # %% [markdown]
 # Both runs learn from the same batch, and the profiler's table shows that the FP8 run really
-# computed in FP8: each `Float8Linear` calls `_scaled_mm` three times per step (the forward, and
-# the gradients of its input and of its weight), the bf16 run never. The thresholds differ by
+# computed in FP8: eager, each `Float8Linear` calls `_scaled_mm` three times per step (the forward,
+# and the gradients of its input and of its weight), the bf16 run never; compiled, a gradient that
+# no layer needs (the first layer's input) may be left out. The thresholds differ by
 # where the run happened, each with a margin over what was measured:
 #
 # - on a CPU (`smoke` sizes, eager, 10 steps; every preset): the loss falls below 0.9 of its start,
@@ -261,7 +263,9 @@ assert fp8_runs or torch.torch_version.TorchVersion(torch.__version__) < (2, 14)
 if fp8_runs:
     bf16_run, fp8_run = fp8_runs.values()
     assert fp8_run["float8 layers"] > 0 == bf16_run["float8 layers"]  # the conversion happened
-    assert fp8_run["_scaled_mm calls"] == 3 * fp8_run["float8 layers"]  # forward, 2 in backward
+    calls, layers = fp8_run["_scaled_mm calls"], fp8_run["float8 layers"]
+    # eager: the forward and 2 in backward; compiled, a gradient no layer needs may be dropped
+    assert calls == 3 * layers if not fp8_fast else 0 < calls <= 3 * layers
     assert bf16_run["_scaled_mm calls"] == 0
     if fp8_fast:  # GPU-only thresholds, unmeasured by the course (docs/gpu-register.md)
         learned, fp8_gap = 0.5, 0.1
@@ -299,6 +303,6 @@ if fp8_runs:
 #
 # - FP8 needs a scale per tensor; it helps where values lie below the format's normal range.
 # - Past the largest value, `.to()` saturates e4m3fn at 448, gives inf in e5m2 and NaN in e4m3fnuz.
-# - FP8 training with torchao runs on every device (`_scaled_mm` on the CPU from torch 2.14) and
-#   gives FP8's numbers there; it pays only with FP8 matrix cores (NVIDIA cc >= 8.9, AMD MI300+),
-#   compiled, for large matmuls.
+# - FP8 training with torchao runs on every device (`_scaled_mm` on the CPU in torch 2.14, the
+#   version checked) and gives FP8's numbers there; it pays only with FP8 matrix cores (NVIDIA
+#   cc >= 8.9, AMD MI300+), compiled, for large matmuls.

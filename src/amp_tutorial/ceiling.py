@@ -57,12 +57,21 @@ def matmul_rate(n: int, dtype: torch.dtype, device: torch.device | str, steps: i
     generator = torch.Generator(device="cpu").manual_seed(0)
     a, b = (torch.randn(n, n, generator=generator).to(device, dtype) for _ in range(2))
     timer = StepTimer(device, warmup=warmup)
-    start = time.perf_counter()
-    while timer.steps_seen < warmup + steps:
-        with timer.step():
-            a @ b
-        if len(timer.samples) >= 3 and time.perf_counter() - start > budget_s:
-            break
+    # fp32 as the fp32 baseline computes: on CUDA its convolutions run in TF32 by default
+    # (cudnn.allow_tf32) while matmuls do not (cuda.matmul.allow_tf32), so time the matmul as the
+    # convolutions run, or an Ampere+ GPU's "ceiling" compares bf16 with IEEE fp32
+    previous = torch.backends.cuda.matmul.allow_tf32
+    if torch.device(device).type == "cuda" and dtype == torch.float32:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32
+    try:
+        start = time.perf_counter()
+        while timer.steps_seen < warmup + steps:
+            with timer.step():
+                a @ b
+            if len(timer.samples) >= 3 and time.perf_counter() - start > budget_s:
+                break
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
     return MatmulRate(n, dtype_name(dtype), timer.timing)
 
 
