@@ -8,15 +8,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from course_tools import catalogue, lab
-from tests.support import ROOT
+from tests.support import ROOT, read_only
 from tests.support.lab_server import start_lab
 
 
@@ -143,23 +141,10 @@ def test_a_saved_lessons_outputs_come_back_and_its_text_is_unchanged(how, tmp_pa
         lab_server.stop()
 
 
-def _read_only(folder: Path) -> Callable[[], None]:
-    """Make ``folder`` read-only as a volume mounted ``:ro`` is; return the undo. Root ignores
-    file modes, so root gets a read-only bind mount; others get modes."""
-    if os.geteuid() != 0:
-        folder.chmod(0o555)
-        return lambda: folder.chmod(0o755)
-    mount = shutil.which("mount")
-    if not mount or subprocess.run([mount, "--bind", folder, folder]).returncode:
-        pytest.skip("root without mount(8) rights: cannot make a read-only folder here")
-    subprocess.run([mount, "-o", "remount,bind,ro", folder, folder], check=True)
-    return lambda: subprocess.run(["umount", folder], check=True)
-
-
 def test_a_save_to_a_read_only_folder_says_why_and_leaves_the_lesson_whole(tmp_path):
     course = _course_copy(tmp_path)
     lab_server = start_lab(course, tmp_path, {})
-    undo = _read_only(course)
+    undo = read_only(course)
     try:
         before = (course / LESSON).read_bytes()
         status, body = _save_with_output(lab_server, LESSON, "a table\n")

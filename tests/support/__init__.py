@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
@@ -57,3 +60,16 @@ def load_program(name: str) -> ModuleType:
     sys.modules[name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
+
+
+def read_only(folder: Path) -> Callable[[], None]:
+    """Make ``folder`` read-only as a volume mounted ``:ro`` is; return the undo. Root ignores
+    file modes, so root gets a read-only bind mount; others get modes."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return lambda: folder.chmod(0o755)
+    mount = shutil.which("mount")
+    if not mount or subprocess.run([mount, "--bind", folder, folder]).returncode:
+        pytest.skip("root without mount(8) rights: cannot make a read-only folder here")
+    subprocess.run([mount, "-o", "remount,bind,ro", folder, folder], check=True)
+    return lambda: subprocess.run(["umount", folder], check=True)
