@@ -50,13 +50,19 @@ def test_a_record_is_written_and_read_back(workspace: Path) -> None:
     assert [r["passed"] for r in read_attempts()] == [False, True]
 
 
-def test_an_unwritable_folder_prints_one_line_and_returns_none(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A workspace below a regular file cannot hold a folder, even for root (who ignores chmod)."""
+@pytest.fixture
+def blocker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A workspace below a regular file: it cannot hold a folder, even for root (who ignores
+    chmod)."""
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     monkeypatch.setenv(progress.WORKSPACE_ENV, str(blocker))
+    return blocker
+
+
+def test_an_unwritable_folder_prints_one_line_and_returns_none(
+    blocker: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert record_attempt("05", "save_and_load", True, [], "All checks passed.") is None
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and "not recorded" in out and str(blocker) in out
@@ -139,13 +145,10 @@ def test_every_graded_check_records_an_attempt(
 
 
 def test_a_check_answers_as_usual_when_it_cannot_record(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    blocker: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from amp_tutorial.quiz import check_quiz
 
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    monkeypatch.setenv(progress.WORKSPACE_ENV, str(blocker))
     quiz = check_quiz({})
     assert quiz.score == 0 and len(quiz.marks) > 1
     assert capsys.readouterr().out.count("not recorded") == 1
