@@ -15,21 +15,25 @@ WORKDIR /src
 COPY pyproject.toml pdm.lock ./
 # pdm exports the default group of pdm.lock with hashes, and `workshop` (jupyterhub-singleuser, for
 # the workshop hub's learner servers); awk then drops each entry (its line and
-# its indented --hash lines) for torch, triton, nvidia-* and cuda-*, which the base provides.
+# its indented --hash lines) for torch, triton, nvidia-* and cuda-*, which the base provides, and
+# torchao, whose release must match the base's torch (stage 2 picks it).
 RUN --mount=type=secret,id=ca-bundle \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
  && python -m venv /opt/pdm \
  && /opt/pdm/bin/pip install --no-cache-dir --quiet "pdm[locked]==2.29.3" \
  && PDM_CHECK_UPDATE=false /opt/pdm/bin/pdm export --prod -G workshop --output locked.txt \
- && awk '/^[^ ]/ { skip = /^(torch|triton|nvidia-[^=]*|cuda-[^=]*)==/ } !skip' locked.txt \
+ && awk '/^[^ ]/ { skip = /^(torch|torchao|triton|nvidia-[^=]*|cuda-[^=]*)==/ } !skip' locked.txt \
       > requirements.txt
 
 # ---- Stage 2: the image ----
 FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# Fail here, with a clear message, if the base has no PyTorch.
-RUN python -c "import torch; print(f'PyTorch {torch.__version__} from the base image')"
+# Fail here, with one line, if the base has no PyTorch or one outside the course's supported range
+# (amp_tutorial/versions.py holds the range; pyproject.toml states it for pip and PDM).
+COPY src/amp_tutorial/versions.py /usr/local/lib/amp-tutorial-versions.py
+RUN python -c "import torch; print(f'PyTorch {torch.__version__} from the base image')" \
+ && python /usr/local/lib/amp-tutorial-versions.py --check
 
 # The course's packages go into their own venv, /opt/course, so the base's environment stays
 # untouched. A .pth file appends the base's site-packages to the venv's path: torch (and anything
@@ -42,7 +46,11 @@ RUN --mount=type=secret,id=ca-bundle \
  && python -c 'import site; print("\n".join(f"import site; site.addsitedir({p!r})" for p in site.getsitepackages()))' \
       > "$(/opt/course/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/base_image.pth" \
  && /opt/course/bin/pip install --no-cache-dir --quiet --no-deps --require-hashes -r /tmp/requirements.txt \
- && rm /tmp/requirements.txt
+ && rm /tmp/requirements.txt \
+ && torchao="$(python /usr/local/lib/amp-tutorial-versions.py --torchao)" \
+ && if [ -n "${torchao}" ]; then \
+        /opt/course/bin/pip install --no-cache-dir --quiet --no-deps "torchao==${torchao}"; \
+    else echo "no torchao release for this torch: lesson 16 skips FP8 training and says why"; fi
 # `torchrun` first on the PATH runs torch.distributed.run with the course's Python (the base's
 # torchrun would start workers that cannot import amp_tutorial).
 COPY docker/torchrun /opt/course/bin/torchrun

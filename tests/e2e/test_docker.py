@@ -32,6 +32,7 @@ from typing import Any
 import jupytext
 import pytest
 
+from amp_tutorial import versions
 from course_tools.catalogue import lesson_paths
 from tests.support import NOTEBOOKS, ROOT, runnable_lesson
 from tests.support.docker_env import (
@@ -274,6 +275,15 @@ def test_torch_is_the_base_images_own(lab: Lab) -> None:
         "    print(d.metadata['Name'])\n")).stdout.split()
     assert "jupyterlab" in installed and "amp-tutorial" in installed
     assert [name for name in installed if NOT_FROM_LOCK.match(name)] == []
+
+
+def test_torchao_is_the_release_for_the_bases_torch(lab: Lab) -> None:
+    # the lock's torchao (0.18) does not import on the bases' torch 2.9; the build picks by torch
+    probe = ("import importlib.metadata as md, torch; import torchao; "
+             "print(torch.__version__, md.version('torchao'))")
+    torch_version, torchao_version = lab.exec("python", "-c", probe).stdout.split()[-2:]
+    assert torchao_version == versions.torchao_for(torch_version), (torch_version, torchao_version)
+    assert torch_version.startswith(versions.OTHER_TORCHES[0])  # the stand-in runs the floor
 
 
 def test_notebook_executes_in_the_container_at_the_smoke_preset(lab: Lab) -> None:

@@ -26,14 +26,17 @@ from typing import Any, NoReturn
 
 import pytest
 
+from amp_tutorial import versions
 from tests.support import ROOT, missing_tool
 
-TORCH_WHEEL = Path(os.environ.get(
-    "AMP_TUTORIAL_TEST_TORCH_WHEEL",
-    "/opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"))  # bookworm has 3.11
+# The Docker variants' bases ship torch 2.9 (amp_tutorial.versions), so the stand-in does too:
+# PyPI's wheel (a CUDA build: it runs on a CPU, and brings its CUDA libraries, about 4 GB).
+# AMP_TUTORIAL_TEST_TORCH_WHEEL names a local wheel instead (a CPU build from another index).
+TORCH_WHEEL = os.environ.get("AMP_TUTORIAL_TEST_TORCH_WHEEL")
+TORCH_VERSION = (Path(TORCH_WHEEL).name.split("-")[1] if TORCH_WHEEL
+                 else versions.OTHER_TORCHES[0])  # the floor
 # The cache key: change the recipe version when build_base_image changes.
-BASE_TAG = ("amp-tutorial-test-base:bookworm-r1-torch-"
-            + TORCH_WHEEL.name.split("-")[1].replace("+", "-"))
+BASE_TAG = "amp-tutorial-test-base:bookworm-r2-torch-" + TORCH_VERSION.replace("+", "-")
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 
 
@@ -61,13 +64,16 @@ def host_ca_bundle() -> str | None:
 
 
 def build_base_image(tag: str) -> None:
-    """Debian bookworm + Python + the CPU torch wheel in /opt/venv, imported as `tag`."""
+    """Debian bookworm + Python + torch TORCH_VERSION in /opt/venv, imported as `tag`."""
     ca_bundle = host_ca_bundle()
     with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="amp-tutorial-base-") as work:
         rootfs = Path(work) / "rootfs"
         run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv", "bookworm",
              rootfs, DEBIAN_MIRROR], timeout=900)
-        shutil.copy(TORCH_WHEEL, rootfs / "tmp")
+        torch_spec = f"torch=={TORCH_VERSION}"
+        if TORCH_WHEEL:
+            shutil.copy(TORCH_WHEEL, rootfs / "tmp")
+            torch_spec = f"/tmp/{Path(TORCH_WHEEL).name}"
         pip_cert = []
         if ca_bundle:  # for pip inside the chroot; deleted before the import
             shutil.copy(ca_bundle, rootfs / "tmp/ca.pem")
@@ -75,8 +81,8 @@ def build_base_image(tag: str) -> None:
         clean_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
         run(["chroot", rootfs, "python3", "-m", "venv", "/opt/venv"], env=clean_env)
         run(["chroot", rootfs, "/opt/venv/bin/pip", "install", "--quiet", "--no-cache-dir",
-             *pip_cert, f"/tmp/{TORCH_WHEEL.name}"], env=clean_env, timeout=900)
-        for leftover in [rootfs / "tmp/ca.pem", rootfs / "tmp" / TORCH_WHEEL.name,
+             "--disable-pip-version-check", *pip_cert, torch_spec], env=clean_env, timeout=1800)
+        for leftover in [rootfs / "tmp/ca.pem", *(rootfs / "tmp").glob("*.whl"),
                          *(rootfs / "var/cache/apt/archives").glob("*.deb"),
                          *(rootfs / "var/lib/apt/lists").glob("*_*")]:
             leftover.unlink(missing_ok=True)
@@ -92,8 +98,8 @@ def base_image_problem() -> str | None:
     """Why the test base cannot be built here, or None."""
     if os.geteuid() != 0 or shutil.which("debootstrap") is None:
         return f"building the test base image {BASE_TAG} needs root and debootstrap"
-    if not TORCH_WHEEL.is_file():
-        return f"no CPU torch wheel at {TORCH_WHEEL} (set AMP_TUTORIAL_TEST_TORCH_WHEEL)"
+    if TORCH_WHEEL and not Path(TORCH_WHEEL).is_file():
+        return f"no torch wheel at {TORCH_WHEEL} (AMP_TUTORIAL_TEST_TORCH_WHEEL)"
     return None
 
 

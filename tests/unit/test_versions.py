@@ -1,0 +1,71 @@
+"""amp_tutorial.versions: one supported torch range, stated where pip, PDM and the image read it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from amp_tutorial import versions
+from tests.support import ROOT
+
+
+def locked(name: str) -> str:
+    lock = tomllib.loads((ROOT / "pdm.lock").read_text())
+    return next(p["version"] for p in lock["package"] if p["name"] == name)
+
+
+def test_pyproject_states_the_range_versions_holds() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    torch_requirement = next(d for d in project["dependencies"] if re.match(r"torch\W", d))
+    assert torch_requirement == f"torch{versions.SUPPORTED_RANGE}"
+
+
+def test_the_lock_is_the_newest_tested_release_with_its_torchao() -> None:
+    assert locked("torch") == versions.LOCKED_TORCH
+    assert locked("torchao") == versions.torchao_for(versions.LOCKED_TORCH)
+
+
+@pytest.mark.parametrize("version", versions.TESTED_TORCHES)
+def test_every_tested_release_is_in_the_range(version: str) -> None:
+    assert versions.is_supported(version)
+
+
+@pytest.mark.parametrize(("version", "supported"), [
+    ("2.8.0", False), ("2.9.0+cu128", True), ("2.9.1+rocm7.1", True), ("2.14.1", True),
+    ("2.15.0", False), ("2.10.0.dev20251001", True),
+])
+def test_the_range_edges(version: str, supported: bool) -> None:
+    assert versions.is_supported(version) is supported
+
+
+def test_torchao_0_18_is_not_offered_to_torch_2_9() -> None:
+    # 0.18.0 imports `ScalingType` from torch.nn.functional, which torch 2.9 lacks; torchao's own
+    # table builds 0.14.1 against torch 2.9.0 and 0.15.0 against 2.9.1
+    assert versions.torchao_for("2.9.0") == "0.14.1"
+    assert versions.torchao_for("2.9.1+rocm7.1") == "0.15.0"
+    assert versions.torchao_for("2.8.0") is None
+
+
+def test_check_refuses_a_torch_outside_the_range_in_one_line() -> None:
+    # the image's build runs this file on its own (no package): --check on this torch passes
+    script = ROOT / "src/amp_tutorial/versions.py"
+    ok = subprocess.run([sys.executable, script, "--check"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    outside = subprocess.run(
+        [sys.executable, "-c", "import runpy, sys, torch; torch.__version__ = '2.8.0'; "
+         f"sys.argv = ['versions', '--check']; runpy.run_path({str(script)!r}, "
+         "run_name='__main__')"], capture_output=True, text=True)
+    assert outside.returncode == 1
+    lines = outside.stderr.strip().splitlines()
+    assert len(lines) == 1 and "2.8.0" in lines[0] and versions.SUPPORTED_RANGE in lines[0], lines
+
+
+def test_the_image_checks_its_base_and_picks_torchao_by_torch() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "amp-tutorial-versions.py --check" in dockerfile
+    assert "amp-tutorial-versions.py --torchao" in dockerfile
+    assert re.search(r"skip = /\^\(torch\|torchao\|", dockerfile)  # the lock's torchao dropped
