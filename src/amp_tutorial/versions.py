@@ -22,8 +22,8 @@ OTHER_TORCHES = ("2.9.0", "2.11.0")  # the Docker bases' floor, the lent GPU mac
 TESTED_TORCHES = (*OTHER_TORCHES, LOCKED_TORCH)
 
 # torchao's binary extensions are built against one torch: its own __init__ lists the pairs
-# (0.14.1: torch 2.9.0; 0.15.0: 2.9.1; 0.16.0: 2.10.0; 0.18.0: torch >= 2.11). 0.18.0 does not import on 2.9
-# (`ScalingType` is missing from torch.nn.functional there). None: no torchao for that torch.
+# (0.14.1: torch 2.9.0; 0.15.0: 2.9.1; 0.16.0: 2.10.0; 0.18.0: torch >= 2.11). 0.18.0 does not
+# import on 2.9 (`ScalingType` is missing from torch.nn.functional there). None: no torchao.
 _TORCHAO = {
     (2, 9, 0): "0.14.1",
     (2, 9): "0.15.0",
