@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import tomllib
 
 import pytest
+import tomllib
 
 from amp_tutorial import versions
 from tests.support import ROOT
