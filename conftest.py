@@ -7,12 +7,14 @@ teach. Notebooks run at the ``smoke`` preset unless AMP_TUTORIAL_PRESET is set.
 
 Each lesson runs in two dtype modes on every supported torch release: the lock's (this
 interpreter; ids ``::auto::`` and ``::fp16::``) and each of ``amp_tutorial.versions.OTHER_TORCHES``
-in its overlay venv (``tests/support/torch_envs.py``; ids ``::torch2.9.0-auto::`` ...).
+in its overlay venv (``tests/support/torch_envs.py``; ids ``::torch2.9.0-auto::`` ...), and once
+more on the lock's torch as an AVX2-only CPU runs it (``::avx2-auto::``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from pathlib import Path
 from unittest import mock
@@ -41,53 +43,70 @@ def is_notebook(path: Path) -> bool:
 DTYPE_MODES = {"auto": None, "fp16": "float16"}
 
 
-def torch_configs() -> list[tuple[str, str | None]]:
-    """(id prefix, torch release) per torch the lessons run on: the lock's (this interpreter),
-    then each other supported release in its overlay (tests/support/torch_envs.py)."""
-    return [("", None)] + [(f"torch{v}-", v) for v in versions.OTHER_TORCHES]
+# What a CPU without native bf16 (a Zen 3: AVX2 only) does, on any x86 CPU: oneDNN's bf16 kernels
+# off, ATen's vectorised kernels at AVX2. Set before the kernel imports torch.
+AVX2_EMULATION = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One run of a lesson: its kernel's torch (None: the lock's, this interpreter), dtype mode and
+    any environment that changes which CPU kernels torch picks."""
+
+    name: str
+    dtype: str | None
+    torch_version: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def configs() -> list[Config]:
+    """Both dtype modes on every supported torch release (the lock's, then each other release in
+    its overlay, tests/support/torch_envs.py), and the device's own mode under AVX2 emulation."""
+    runs = [Config(mode, dtype) for mode, dtype in DTYPE_MODES.items()]
+    runs.append(Config("avx2-auto", None, env=tuple(AVX2_EMULATION.items())))
+    runs += [Config(f"torch{version}-{mode}", dtype, version)
+             for version in versions.OTHER_TORCHES for mode, dtype in DTYPE_MODES.items()]
+    return runs
 
 
 class Lesson(pytest.File):
-    """One lesson, collected once per torch release and dtype mode."""
+    """One lesson, collected once per configuration."""
 
     def collect(self):
-        for prefix, torch_version in torch_configs():
-            for mode, dtype in DTYPE_MODES.items():
-                name = f"{prefix}{mode}"
-                yield JupytextNotebook.from_parent(self, path=self.path, name=name,
-                                                   nodeid=f"{self.nodeid}::{name}", dtype=dtype,
-                                                   torch_version=torch_version)
+        for config in configs():
+            yield JupytextNotebook.from_parent(self, path=self.path, name=config.name,
+                                               nodeid=f"{self.nodeid}::{config.name}",
+                                               run=config)
 
 
 class JupytextNotebook(nbval.plugin.IPyNbFile):
     """nbval's notebook collector, fed by jupytext instead of nbformat; its kernel starts with
-    ``AMP_TUTORIAL_DTYPE`` set to ``dtype`` (or unset), in the overlay of ``torch_version``
-    (None: this interpreter, the lock's torch)."""
+    the configuration's ``AMP_TUTORIAL_DTYPE`` (or none), environment and torch."""
 
-    def __init__(self, *args, dtype: str | None = None, torch_version: str | None = None,
-                 **kwargs) -> None:
+    def __init__(self, *args, run: Config, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.compare_outputs = False
-        self.dtype = dtype
-        self.torch_version = torch_version
+        self.run_config = run
 
     def setup(self) -> None:
         # the kernel inherits this process's environment when it starts, and keeps it
         with mock.patch.dict(os.environ), self.kernel_interpreter():
             os.environ.pop(DTYPE_ENV, None)
-            if self.dtype is not None:
-                os.environ[DTYPE_ENV] = self.dtype
+            if self.run_config.dtype is not None:
+                os.environ[DTYPE_ENV] = self.run_config.dtype
+            os.environ.update(dict(self.run_config.env))
             super().setup()
 
     def kernel_interpreter(self):
         """Start the kernel with the overlay's Python (nbval's "current env" kernel otherwise)."""
-        if self.torch_version is None:
+        version = self.run_config.torch_version
+        if version is None:
             return contextlib.nullcontext()
-        python = torch_envs.overlay_python(self.torch_version)
+        python = torch_envs.overlay_python(version)
         if python is None:
-            missing_tool(f"the torch {self.torch_version} test environment is not built",
+            missing_tool(f"the torch {version} test environment is not built",
                          "run `pdm run python -m tests.support.torch_envs` (pip, about 7 GB each)")
-        os.environ.update(torch_envs.overlay_environ(self.torch_version))
+        os.environ.update(torch_envs.overlay_environ(version))
         spec = ipykernel.kernelspec.get_kernel_dict()
         spec["argv"] = [str(python), *spec["argv"][1:]]
         return mock.patch.object(ipykernel.kernelspec, "get_kernel_dict", return_value=spec)

@@ -185,8 +185,12 @@ def run_notebook(notebook: NotebookNode, folder: Path, env: dict[str, str], time
     start = time.perf_counter()
     try:
         with client.setup_kernel(env=env):
+            # the course's own cells are not the lesson's: `timeout` is no limit for them (a
+            # loaded machine can take longer than a short --interrupt-after to import torch)
+            client.timeout = None
             for cell in before:
                 client.execute_cell(cell, 0)
+            client.timeout = timeout
             alive = True
             code = [i for i, cell in enumerate(cells) if cell.cell_type == "code"]
             for index in tqdm(code, desc=desc, unit="cell", leave=False):
@@ -203,6 +207,7 @@ def run_notebook(notebook: NotebookNode, folder: Path, env: dict[str, str], time
                         _settle_after_interrupt(client, index + len(before))
                     if stop_at_error or not alive:
                         break
+            client.timeout = None
             for cell in after if alive else []:
                 client.execute_cell(cell, len(notebook.cells) - 1)
                 printed = "".join(o.get("text", "") for o in cell.outputs
