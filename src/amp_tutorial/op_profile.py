@@ -9,7 +9,9 @@ device is in the dispatcher and in ``native_functions.yaml``: ``has_device_kerne
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
@@ -29,6 +31,32 @@ def op_counts(fn: Callable[[], object], device: torch.device | str = "cpu") -> d
     with profile(activities=activities) as prof:
         fn()
     return {event.key: event.count for event in prof.key_averages()}
+
+
+@contextmanager
+def compiled_op_count(*ops: str) -> Iterator[Counter]:
+    """Count ``ops`` (``"aten::_scaled_mm"``) in every graph Inductor compiles inside the block,
+    forward and backward, as Inductor gets them (a post-grad pass), before it picks kernels.
+
+    The profiler sees only the ops Inductor leaves to ATen: on a GPU it may compute a
+    ``_scaled_mm`` with a Triton template of its own (``tuned_scaled_mm`` in
+    ``torch/_inductor/kernel/mm.py`` offers them even without max-autotune), which no
+    ``aten::_scaled_mm`` event records. A plain function as the pass also keeps Inductor from
+    reusing a cached graph (its FX graph cache bypasses unknown passes), so the count is complete.
+    """
+    import torch._inductor.config as inductor_config
+
+    wanted = {op.removeprefix("aten::").split(".")[0]: op for op in ops}
+    counts: Counter = Counter(dict.fromkeys(ops, 0))
+
+    def count(graph: torch.fx.Graph) -> None:
+        for node in graph.nodes:
+            packet = getattr(node.target, "_overloadpacket", None)
+            if node.op == "call_function" and packet is not None and packet.__name__ in wanted:
+                counts[wanted[packet.__name__]] += 1
+
+    with inductor_config.patch(post_grad_custom_post_pass=count):
+        yield counts
 
 
 def events_with_dtypes(prof: profile) -> list:

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from amp_tutorial.op_profile import (
+    compiled_op_count,
     cpu_has_amx_int8,
     cpu_scaled_mm_uses_onednn,
     events_with_dtypes,
@@ -90,3 +91,14 @@ def test_on_cpu_linear_computes_through_addmm() -> None:
     layer = torch.nn.Linear(8, 4)
     counts = op_counts(lambda: layer(torch.randn(2, 8)))
     assert counts["aten::linear"] == 1 and counts["aten::addmm"] == 1
+
+
+def test_compiled_op_count_sees_forward_and_backward_graphs_every_compile() -> None:
+    # a @ b with both requiring grad: one mm in the forward graph, two in the backward one
+    a = torch.randn(8, 8, requires_grad=True)
+    b = torch.randn(8, 8, requires_grad=True)
+    for _ in range(2):  # the second compile of the same graph is counted again, not cached
+        torch._dynamo.reset()
+        with compiled_op_count("aten::mm", "aten::_scaled_mm") as counts:
+            torch.compile(lambda x, y: x @ y)(a, b).sum().backward()
+        assert counts == {"aten::mm": 3, "aten::_scaled_mm": 0}
