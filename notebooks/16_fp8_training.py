@@ -285,7 +285,9 @@ def train_transformer(use_fp8, device, sizes, steps, compiled):
 # %%
 fp8_fast, fp8_reason = fp8_capable()
 cpu_ok, cpu_reason = (False, "not needed") if fp8_fast else cpu_fp8_training()
-print(f"FP8 matrix cores: {fp8_fast} ({fp8_reason})\nCPU FP8 matmul: {cpu_ok} ({cpu_reason})")
+print(f"FP8 matrix cores: {fp8_fast} ({fp8_reason})")
+if not fp8_fast:  # one line: where FP8 trains on this CPU, or why it is skipped and what enables it
+    print(f"{'FP8 training on the CPU' if cpu_ok else 'FP8 training skipped'}: {cpu_reason}")
 # no FP8 matrix cores: the CPU at smoke's sizes (a step at `cpu` would take over half an hour)
 device = info.device if fp8_fast else torch.device("cpu")
 sizes, steps = (preset, min(preset.steps, 64)) if fp8_fast else (get_preset("smoke"), 10)
@@ -296,8 +298,6 @@ if fp8_fast or cpu_ok:
     slower = fp8_runs["FP8 + bf16 AMP"]["ms/step"] / fp8_runs["bf16 AMP"]["ms/step"]
     print(f"{device.type}, {sizes.name!r} transformer, {steps} steps: "
           f"FP8 took {slower:.1f}x bf16's time per step")
-else:  # no torchao for this torch, or no CPU _scaled_mm: one line, no traceback
-    print(f"FP8 training skipped: {cpu_reason}")
 pd.DataFrame(fp8_runs).T.round(3)
 
 # %% [markdown]
