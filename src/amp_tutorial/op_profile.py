@@ -105,8 +105,10 @@ def cpu_scaled_mm_uses_onednn() -> bool:
 
 @cache
 def _native_functions() -> str | None:
-    import torchgen
-
+    try:
+        import torchgen  # shipped inside every torch wheel, with the yaml under packaged/
+    except ImportError:
+        return None
     path = Path(torchgen.__file__).parent / "packaged" / "ATen" / "native" / "native_functions.yaml"
     return path.read_text() if path.is_file() else None
 
