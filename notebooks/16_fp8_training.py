@@ -107,12 +107,12 @@ assert torch.tensor([247.0, 248.0, 448.0]).to(torch.float8_e4m3fnuz).float().isn
     False, True, True]
 
 # %% [markdown]
-# With three mantissa bits and a range of 2^-6 to 448 (normal numbers), e4m3 cannot hold a
-# tensor's values as they are: values below its smallest normal number keep fewer bits
-# (subnormals) or become zero, large ones saturate. So every FP8 recipe stores a **scale per
-# tensor** (or per row, or per block): multiply so the tensor's largest magnitude lands at the
-# format's largest value, cast, and divide the result by the same scale afterwards. Measured with
-# torch's float8 dtypes on the CPU, on gradient-sized values (standard deviation 1e-3), on tiny
+# With three mantissa bits and a range of 2^-6 to 448 (normal numbers), e4m3 cannot hold a tensor's
+# values as they are: values below its smallest normal number keep fewer bits (subnormals) or become
+# zero, large ones saturate (or turn into NaN, torch 2.9 and 2.11). So every FP8 recipe stores a
+# **scale per tensor** (or per row, or per block): multiply so the tensor's largest magnitude lands
+# at the format's largest value, cast, and divide the result by the same scale afterwards. Measured
+# with torch's float8 dtypes on the CPU, on gradient-sized values (standard deviation 1e-3), on tiny
 # ones (1e-6), and on large ones (300: e4m3fn's 448 is only 1.5 standard deviations away):
 
 # %%
@@ -180,14 +180,13 @@ assert abs(q[1][("float8_e5m2", 300.0)] - q[0][("float8_e5m2", 300.0)]) < 0.01
 # `torch._scaled_mm`. NVIDIA's Transformer Engine does the same through its own layers (`te.Linear`
 # inside `fp8_autocast`), tied to NVIDIA's CUDA stack (AMD keeps a separate ROCm port).
 #
-# `_scaled_mm` runs on NVIDIA GPUs of compute capability 8.9 and newer (Ada, Hopper, Blackwell),
-# on the AMD GPUs torch's `_scaled_mm_allowed_device` lists (`ScaledBlas.cpp`, torch 2.14:
-# MI300X/MI325X gfx942; RDNA4 gfx1200/gfx1201 from ROCm 6.3; MI350 gfx950 from ROCm 6.5), and on
-# the CPU (torch 2.9, 2.11 and 2.14 all have a CPU `_scaled_mm`; a cell below checks yours). Those
-# GPUs have FP8
-# matrix cores; there the run is compiled (`torch.compile` fuses the scaling and casting, which a
-# speedup needs) at the preset's sizes. Elsewhere (a CPU, MPS, an older GPU) the cells train on the
-# CPU, far more slowly: the `smoke` preset's transformer, eagerly, for 10 steps, whatever the
+# `_scaled_mm` runs on NVIDIA GPUs of compute capability 8.9 and newer (Ada, Hopper, Blackwell), on
+# the AMD GPUs torch's `_scaled_mm_allowed_device` lists (`ScaledBlas.cpp`, torch 2.14:
+# MI300X/MI325X gfx942; RDNA4 gfx1200/gfx1201 from ROCm 6.3; MI350 gfx950 from ROCm 6.5), and on the
+# CPU (torch 2.9, 2.11 and 2.14 all have a CPU `_scaled_mm`; a cell below checks yours). Those GPUs
+# have FP8 matrix cores; there the run is compiled (`torch.compile` fuses the scaling and casting,
+# which a speedup needs) at the preset's sizes. Elsewhere (a CPU, MPS, an older GPU) the cells train
+# on the CPU, far more slowly: the `smoke` preset's transformer, eagerly, for 10 steps, whatever the
 # preset. Only linear layers are converted, so the transformer is the model; the vocabulary head
 # stays in bf16.
 #
@@ -207,8 +206,8 @@ ROCM_FP8 = {"gfx942": (0, 0), "gfx1200": (6, 3), "gfx1201": (6, 3), "gfx950": (6
 
 def fp8_capable():
     if info.type != "cuda":
-        return False, f"FP8 matrix cores need NVIDIA cc >= 8.9 or AMD gfx942/gfx950/RDNA4, not " \
-                      f"{info.type}"
+        return False, ("FP8 matrix cores need NVIDIA cc >= 8.9 or AMD gfx942/gfx950/RDNA4, "
+                       f"not {info.type}")
     if torch.version.hip:
         arch = torch.cuda.get_device_properties(info.device).gcnArchName.split(":")[0]
         rocm = tuple(int(v) for v in torch.version.hip.split(".")[:2])
@@ -367,7 +366,7 @@ if fp8_runs:
 # 1. **Values of order one.** Make the loop `for std in (1e-3, 1e-6, 1.0):`. At std 1.0 almost
 #    every value is normal in both formats (1.4% lie below e4m3fn's 2^-6, none below e5m2's), and
 #    the errors without a scale (0.0267 and 0.0536) are about those with one (0.0274 and 0.0524):
-#    the scale matters only below the normal range, as in section 1.
+#    the scale matters only outside the normal range, as in section 1.
 # 2. **Overshoot the range.** Double the scale (`scale = 2 * torch.finfo(dtype).max / ...`). Both
 #    scaled errors grow and the assert cell stops: in e5m2 the largest values overflow to inf, so
 #    its error is inf; e4m3fn saturates at 448 instead on torch 2.14 (section 1), and its error at
@@ -379,8 +378,11 @@ if fp8_runs:
 # %% [markdown]
 # ## What to remember
 #
-# - FP8 needs a scale per tensor; it helps where values lie below the format's normal range.
-# - Past the largest value, `.to()` saturates e4m3fn at 448, gives inf in e5m2 and NaN in e4m3fnuz.
-# - FP8 training with torchao runs on every device (`_scaled_mm` on the CPU in torch 2.14, the
-#   version checked) and gives FP8's numbers there; it pays only with FP8 matrix cores (NVIDIA
-#   cc >= 8.9, AMD MI300+), compiled, for large matmuls.
+# - FP8 needs a scale per tensor; it helps where values lie outside the format's normal range,
+#   below it (zeros) or above it.
+# - Past the largest value, `.to()` saturates e4m3fn at 448 in torch 2.14 (NaN in 2.9 and 2.11),
+#   gives inf in e5m2 and NaN in e4m3fnuz.
+# - FP8 training with torchao runs on every device (`_scaled_mm` on the CPU in torch 2.9, 2.11 and
+#   2.14, the versions checked) with FP8's rounding of the inputs; it pays only with FP8 matrix
+#   cores (NVIDIA cc >= 8.9; AMD gfx942, gfx950, RDNA4), compiled, for large matmuls. Compiled,
+#   count the FP8 matmuls in Inductor's graphs: the profiler misses those Triton computes.
