@@ -229,10 +229,11 @@ def to_float8(model):
 
 
 # %%
-def cpu_fp8_training():
-    """Whether torchao imports and torch computes _scaled_mm on the CPU, and if not, why not and
-    what would enable it (one line)."""
+def fp8_training_ready(on_cpu):
+    """Whether torchao imports (and, on_cpu, torch computes _scaled_mm on the CPU); if not, why
+    not and what would enable it, in one line."""
     try:
+        import torchao
         import torchao.float8  # noqa: F401
     except Exception as error:  # not installed, or built for another torch
         want = torchao_for(torch.__version__)
@@ -240,6 +241,8 @@ def cpu_fp8_training():
                        f"({type(error).__name__}: {str(error).splitlines()[0][:120]}); "
                        + (f"installing torchao {want} enables it" if want else
                           "no torchao release matches this torch"))
+    if not on_cpu:
+        return True, f"torchao {torchao.__version__} on torch {torch.__version__}"
     a, one = torch.ones(16, 16).to(torch.float8_e4m3fn), torch.ones(())
     try:
         torch._scaled_mm(a, a.t(), one, one, out_dtype=torch.bfloat16)
@@ -283,15 +286,15 @@ def train_transformer(use_fp8, device, sizes, steps, compiled):
 
 # %%
 fp8_fast, fp8_reason = fp8_capable()
-cpu_ok, cpu_reason = (False, "not needed") if fp8_fast else cpu_fp8_training()
+ready, ready_reason = fp8_training_ready(on_cpu=not fp8_fast)
 print(f"FP8 matrix cores: {fp8_fast} ({fp8_reason})")
-if not fp8_fast:  # one line: where FP8 trains on this CPU, or why it is skipped and what enables it
-    print(f"{'FP8 training on the CPU' if cpu_ok else 'FP8 training skipped'}: {cpu_reason}")
+# one line: where FP8 trains, or why it is skipped and what would enable it (never a traceback)
+print(f"{'FP8 training' if ready else 'FP8 training skipped'}: {ready_reason}")
 # no FP8 matrix cores: the CPU at smoke's sizes (a step at `cpu` would take over half an hour)
 device = info.device if fp8_fast else torch.device("cpu")
 sizes, steps = (preset, min(preset.steps, 64)) if fp8_fast else (get_preset("smoke"), 10)
 fp8_runs = {}
-if fp8_fast or cpu_ok:
+if ready:
     fp8_runs = {"bf16 AMP": train_transformer(False, device, sizes, steps, compiled=fp8_fast),
                 "FP8 + bf16 AMP": train_transformer(True, device, sizes, steps, compiled=fp8_fast)}
     slower = fp8_runs["FP8 + bf16 AMP"]["ms/step"] / fp8_runs["bf16 AMP"]["ms/step"]
@@ -304,7 +307,7 @@ pd.DataFrame(fp8_runs).T.round(3)
 # kernel runs there is no `aten::mm` under it; elsewhere the fp32 `aten::mm` shows.
 
 # %%
-if cpu_ok:
+if ready and not fp8_fast:
     a8, one = torch.randn(16, 32).to(torch.float8_e4m3fn), torch.ones(())
     inside = op_counts(lambda: torch._scaled_mm(a8, a8.t(), one, one, out_dtype=torch.bfloat16))
     print(f"under aten::_scaled_mm: {sorted(k for k in inside if k != 'aten::_scaled_mm')}")
@@ -330,7 +333,7 @@ if cpu_ok:
 #   bf16's start loss. Not measured on a GPU by this project (docs/gpu-register.md).
 
 # %%
-assert bool(fp8_runs) == (fp8_fast or cpu_ok)  # run wherever torchao and _scaled_mm can
+assert bool(fp8_runs) == ready  # run wherever torchao imports and _scaled_mm runs
 if fp8_runs:
     bf16_run, fp8_run = fp8_runs.values()
     assert fp8_run["float8 layers"] > 0 == bf16_run["float8 layers"]  # the conversion happened
