@@ -63,7 +63,7 @@ def test_events_carry_input_dtypes_as_torch_records_them() -> None:
     assert mm == [["c10::BFloat16", "c10::BFloat16"], ["float", "float"]]
 
 
-def test_the_dtypes_filled_in_are_the_ones_torch_itself_gives(monkeypatch) -> None:
+def test_the_dtypes_filled_in_are_the_ones_torch_itself_gives() -> None:
     # on a torch whose events have input_dtypes (2.14), hide them and fill them in from the record
     a = torch.randn(8, 8)
     with torch.profiler.profile(record_shapes=True) as prof:
