@@ -61,6 +61,7 @@ from amp_tutorial.autocast_policy import (
     ops_by_rule,
     policy_table,
     registered_ops,
+    source_policy,
     visible_promotions,
 )
 from amp_tutorial.device import describe_device, dtype_name, select_device
@@ -274,7 +275,10 @@ rules
 # - fp16 and bf16 get the same rules on every device; only the dtype autocast lowers to differs.
 # - Each column is what PyTorch's source registers for that device: XPU registers CUDA's lists
 #   (`AT_FORALL_*` in `autocast_mode.h`, read here from the installed torch's copy), MPS its own
-#   list in `autocast_mode.cpp`.
+#   list in `autocast_mode.cpp`. The lists can change between releases, so the course keeps them
+#   per torch release it has read (`source_policy`: 2.9, 2.11 and 2.14 register the same lists for
+#   these ops) and the cell names the release it compares with; every run also compares with the
+#   running torch's own dispatcher registry and header.
 # - The ops CUDA keeps in float32 (exp, log, pow, sums, softmax, layer_norm, group_norm) are on
 #   **no CPU list**: CPU autocast runs them in whatever dtype they are given, bf16 included.
 # - The promote lists do not overlap: `cat`, `stack` and `index_copy` on CPU; `addcmul`, `dot`,
@@ -288,9 +292,13 @@ rules
 # %%
 fp16, bf16 = rules["fp16"], rules["bf16"]
 assert fp16.equals(bf16), "fp16 and bf16 follow different rules"
+source = source_policy(torch.__version__)  # (release read, its lists), or None if never read
+print(f"torch {torch.__version__}: compared with the lists read from torch "
+      f"{source[0]}'s source" if source else "no source read for this release: registry only")
 for device_type, label in DEVICES.items():
-    assert bf16[label].to_dict() == SOURCE_POLICY[device_type], label  # typed from the source
-    # (SOURCE_POLICY's xpu column is its cuda column: XPU registers CUDA's lists)
+    if source is not None:  # typed from that release's source
+        assert bf16[label].to_dict() == source[1][device_type], label
+    # (the xpu column is the cuda column: XPU registers CUDA's lists)
     registered = registered_ops(probes[("bf16", label)], device_type)
     if registered is not None:  # this torch has an autocast kernel exactly for the listed ops
         assert registered == {op: rule != NO_RULE for op, rule in bf16[label].items()}, label

@@ -149,7 +149,9 @@ assert uncached[0].grad_fn.next_functions[1][0] is not uncached[1].grad_fn.next_
 # a cast made there has no autograd history, and older PyTorch releases put it in the cache
 # anyway, so a later forward in the same autocast region silently lost its gradient (PyTorch
 # issues #112583 and #158232; pull request #165068, which fixes #158232, always makes cached
-# casts with grad enabled). Measured on this torch:
+# casts with grad enabled). Probed on torch 2.9.0, 2.11.0 and 2.14.1 here: 2.9 still has the
+# gotcha (the second forward's output does not require grad, so `backward()` would raise),
+# 2.11 and 2.14 are fixed. Measured on this torch:
 
 # %%
 layer = torch.nn.Linear(64, 64).to(dev)
@@ -160,15 +162,19 @@ for cache in (True, False):
         with torch.no_grad():
             layer(a)  # e.g. a metric or an EMA teacher, computed inside the region
         out = layer(a)
-    out.float().sum().backward()
+    if out.requires_grad:  # False where the cached no_grad cast cut the graph (torch 2.9)
+        out.float().sum().backward()
     results[f"cache_enabled={cache}"] = layer.weight.grad is not None
 print(f"torch {torch.__version__}: weight gets a gradient after a no_grad forward: {results}")
 assert results["cache_enabled=False"]  # always safe
-if tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 14):
-    assert results["cache_enabled=True"]  # fixed in the torch this course pins
+version = torch.torch_version.TorchVersion(torch.__version__)
+if version >= (2, 11):
+    assert results["cache_enabled=True"]  # fixed (2.11 and 2.14 probed)
+elif version < (2, 10):
+    assert not results["cache_enabled=True"]  # the gotcha, still in 2.9
 
 # %% [markdown]
-# On an older torch, if `out.requires_grad` is unexpectedly False, run the `no_grad` pass outside
+# On torch 2.9, if `out.requires_grad` is unexpectedly False, run the `no_grad` pass outside
 # the autocast region or pass `cache_enabled=False`.
 #
 # ## 3. Autocast state belongs to the thread
@@ -201,12 +207,14 @@ assert main_mm == outer and not seen["enabled"] and seen["mm dtype"] == torch.fl
 # %% [markdown]
 # `torch.nn.DataParallel` runs each replica's forward in its own thread when it has two or more
 # devices (with one, or on MPS or a CPU, it calls the module in your thread, under your
-# autocast). Its worker (`torch/nn/parallel/parallel_apply.py`, torch 2.14) reads
-# `torch.is_autocast_enabled()` with no device type, which is **CUDA's** switch, and re-enters
-# `torch.amp.autocast(device_type, enabled=...)` for the accelerator's type with no dtype. On
-# CUDA the replicas therefore use the thread's default autocast dtype, float16, not the one you
-# chose: a bfloat16 region around a `DataParallel` model runs its replicas in float16. On other
-# accelerators (XPU) CUDA's switch is off, so the replicas run with autocast **off**. Prefer
+# autocast). Its worker (`torch/nn/parallel/parallel_apply.py`) reads `torch.is_autocast_enabled()`
+# with no device type, which is **CUDA's** switch, and re-enters autocast with no dtype: as
+# `torch.amp.autocast("cuda", enabled=...)` in torch 2.9 (DataParallel is CUDA-only there), as
+# `torch.amp.autocast(device_type, enabled=...)` for the current accelerator's type in 2.11 and
+# 2.14; the cell reads which from your torch. On CUDA the replicas therefore use the thread's
+# default autocast dtype, float16, not the one you chose: a bfloat16 region around a
+# `DataParallel` model runs its replicas in float16. On other accelerators (XPU, torch 2.11 and
+# newer) CUDA's switch is off, so the replicas run with autocast **off**. Prefer
 # `DistributedDataParallel` with one process per GPU (lesson 11), or put
 # `@torch.autocast(device_type=..., dtype=...)` on the model's `forward`, which runs inside each
 # thread. The same goes for your own threads and thread pools.
@@ -220,7 +228,11 @@ if outer != torch.get_autocast_dtype(info.type):  # the dtype does not cross int
     assert seen["default dtype"] != outer
 worker = inspect.getsource(torch.nn.parallel.parallel_apply)
 assert "torch.is_autocast_enabled()," in worker  # no device type given
-assert "torch.amp.autocast(device_type, enabled=autocast_enabled)" in worker  # no dtype given
+reentry = {"torch.amp.autocast(device_type, enabled=autocast_enabled)": "the accelerator's type",
+           'torch.amp.autocast("cuda", enabled=autocast_enabled)': "CUDA only"}  # no dtype given
+found = [call for call in reentry if call in worker]
+print(f"torch {torch.__version__}: DataParallel's worker re-enters {found} ({reentry[found[0]]})")
+assert len(found) == 1  # one of the two, and neither passes a dtype
 for device_type in ("cuda", "xpu", "mps", "cpu"):  # the bare call reads CUDA's switch only
     with autocast_flags(device_type, low):
         assert torch.is_autocast_enabled() == (device_type == "cuda")
@@ -311,7 +323,7 @@ assert (update_norm(before, params) > 0) != nonfinite  # taken exactly when all 
 # ## What to remember
 #
 # - Autocast leaves in-place ops, `out=` calls and explicit `dtype=` alone.
-# - The cast cache holds parameter casts for one autocast region; on an old torch, a `no_grad`
+# - The cast cache holds parameter casts for one autocast region; on torch 2.9, a `no_grad`
 #   pass inside the region could cost the next forward its gradients.
 # - Autocast state is per thread; `DataParallel`'s replica threads get CUDA's on/off, never the
 #   dtype (elsewhere autocast is off in them).

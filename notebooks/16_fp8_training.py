@@ -45,9 +45,10 @@ from tqdm.auto import tqdm
 from amp_tutorial.device import describe_device, dtype_name, select_device
 from amp_tutorial.measure import StepTimer
 from amp_tutorial.models import course_models
-from amp_tutorial.op_profile import op_counts
+from amp_tutorial.op_profile import compiled_op_count, cpu_scaled_mm_uses_onednn, op_counts
 from amp_tutorial.presets import get_preset
 from amp_tutorial.reversal_task import sequence_loss
+from amp_tutorial.versions import torchao_for
 
 info = select_device()
 preset = get_preset(device_type=info.type)
@@ -63,8 +64,9 @@ torch.manual_seed(0)  # every run starts from the same numbers
 # `torch.finfo` gives their limits next to fp16 and bf16. (`e4m3fn` is the variant without
 # infinities, so its largest value is 448. AMD's MI300 (gfx942) computes only in the `fnuz`
 # variants, with no infinities and no negative zero, and a different range: e4m3fnuz stops at
-# 240. torchao's float8 training switches to them by itself on gfx940-942
-# (`Float8TypeConfig` in `torchao/float8/config.py`); MI350 and NVIDIA use e4m3fn and e5m2.)
+# 240. torchao's float8 training switches to them by itself on gfx940-942 (`Float8TypeConfig` in
+# `torchao/float8/config.py`, `is_MI300`); MI350 (gfx950), RDNA4 (gfx1200/1201) and NVIDIA use
+# e4m3fn and e5m2.)
 
 # %%
 FORMATS = [torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2,
@@ -80,26 +82,38 @@ formats
 
 # %% [markdown]
 # A value past the largest one does not behave alike in the three formats when you cast it with
-# `.to()` (torch 2.14, `torch/headeronly/util/Float8_e4m3fn.h` and `Float8_e4m3fnuz.h`): e4m3fn
-# saturates at 448 (infinity too; NaN stays NaN), e5m2 becomes inf, and e4m3fnuz becomes **NaN**
-# from 248 up (the halfway point to 256). So a scale computed for e4m3fn's 448 turns e4m3fnuz
-# values into NaN.
+# `.to()`, and for e4m3fn not alike in every torch either (`Float8_e4m3fn.h`, under
+# `torch/headeronly/util/`): torch 2.14 **saturates** e4m3fn at 448 (infinity too; NaN stays NaN;
+# pytorch/pytorch#178817, April 2026), while 2.9 and 2.11 turn anything past 464 (halfway to the
+# next step) into **NaN**. e5m2 becomes inf, and e4m3fnuz becomes NaN from 248 up (the halfway
+# point to 256), in all three. So a scale computed for e4m3fn's 448 turns e4m3fnuz values into
+# NaN. The cell probes which rule your torch follows:
 
 # %%
 past = torch.tensor([300.0, 1e6, math.inf])
-assert past.to(torch.float8_e4m3fn).float().tolist() == [288.0, 448.0, 448.0]  # rounds, saturates
+e4m3fn_past = past.to(torch.float8_e4m3fn).float()
+SATURATES = e4m3fn_past[1].item() == 448.0  # torch 2.14; NaN in 2.9 and 2.11
+print(f"torch {torch.__version__}: e4m3fn past 448 -> {e4m3fn_past.tolist()} "
+      f"({'saturates' if SATURATES else 'NaN'})")
+if SATURATES:
+    assert e4m3fn_past.tolist() == [288.0, 448.0, 448.0]  # rounds, then saturates
+else:
+    assert e4m3fn_past[0] == 288.0 and e4m3fn_past[1:].isnan().all()  # rounds, then NaN
+version = torch.torch_version.TorchVersion(torch.__version__)
+assert SATURATES if version >= (2, 14) else (version >= (2, 12) or not SATURATES)
+assert torch.tensor([464.0]).to(torch.float8_e4m3fn).item() == 448.0  # halfway: rounds down
 assert past.to(torch.float8_e5m2).float().tolist() == [320.0, math.inf, math.inf]
 assert torch.tensor([247.0, 248.0, 448.0]).to(torch.float8_e4m3fnuz).float().isnan().tolist() == [
     False, True, True]
 
 # %% [markdown]
-# With three mantissa bits and a range of 2^-6 to 448 (normal numbers), e4m3 cannot hold a
-# tensor's values as they are: values below its smallest normal number keep fewer bits
-# (subnormals) or become zero, large ones saturate. So every FP8 recipe stores a **scale per
-# tensor** (or per row, or per block): multiply so the tensor's largest magnitude lands at the
-# format's largest value, cast, and divide the result by the same scale afterwards. Measured with
-# torch's float8 dtypes on the CPU, on gradient-sized values (standard deviation 1e-3) and on
-# tiny ones (1e-6):
+# With three mantissa bits and a range of 2^-6 to 448 (normal numbers), e4m3 cannot hold a tensor's
+# values as they are: values below its smallest normal number keep fewer bits (subnormals) or become
+# zero, large ones saturate (or turn into NaN, torch 2.9 and 2.11). So every FP8 recipe stores a
+# **scale per tensor** (or per row, or per block): multiply so the tensor's largest magnitude lands
+# at the format's largest value, cast, and divide the result by the same scale afterwards. Measured
+# with torch's float8 dtypes on the CPU, on gradient-sized values (standard deviation 1e-3), on tiny
+# ones (1e-6), and on large ones (300: e4m3fn's 448 is only 1.5 standard deviations away):
 
 # %%
 def fp8_roundtrip(x, dtype, scale=1.0):
@@ -113,7 +127,7 @@ def relative_error(approx, exact):
 
 # %%
 rows = {}
-for std in (1e-3, 1e-6):
+for std in (1e-3, 1e-6, 300.0):
     torch.manual_seed(0)
     grads = torch.randn(4096) * std
     for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
@@ -121,6 +135,7 @@ for std in (1e-3, 1e-6):
         rows[(dtype_name(dtype), std)] = {
             "below smallest normal": (grads.abs() < torch.finfo(dtype).smallest_normal)
             .float().mean().item(),
+            "above largest": (grads.abs() > torch.finfo(dtype).max).float().mean().item(),
             "error, no scale": relative_error(fp8_roundtrip(grads, dtype), grads),
             "zeros, no scale": (fp8_roundtrip(grads, dtype) == 0).float().mean().item(),
             "per-tensor scale": scale.item(),
@@ -129,13 +144,17 @@ quantization = pd.DataFrame(rows).T
 quantization
 
 # %% [markdown]
-# The scale helps where the values lie below the format's normal range, and only there. At 1e-3
-# every value lies below e4m3fn's smallest normal (2^-6), most become zero, and the scale brings
-# the error down about twentyfold. e5m2's normal range reaches down to 2^-14 (about 6e-5), so at
-# 1e-3 nearly all values are normal already: the scale moves them, but the error stays what two
-# mantissa bits give (about 0.05). At 1e-6 both formats round every value to zero without a
-# scale, and with it both are back at their precision. These hold for any seed (the cell measures
-# seed 0; seeds 0-9 give the same picture within 0.002).
+# The scale helps where the values lie outside the format's normal range, below it or above it,
+# and only there. At 1e-3 every value lies below e4m3fn's smallest normal (2^-6), most become
+# zero, and the scale brings the error down about twentyfold. e5m2's normal range reaches down to
+# 2^-14 (about 6e-5), so at 1e-3 nearly all values are normal already: the scale moves them, but
+# the error stays what two mantissa bits give (about 0.05). At 1e-6 both formats round every
+# value to zero without a scale, and with it both are back at their precision. At 300, about 13%
+# of the values lie past e4m3fn's 448: unscaled, torch 2.14 saturates them (error 0.23) and 2.9 or
+# 2.11 make them NaN (error NaN); the scale, below one here, brings them in range (0.027). e5m2
+# reaches 57344, so 300 is well inside its range and the scale changes little. These hold for
+# any seed (the cell measures seed 0; seeds 0-9 give the same picture within 0.002 at 1e-3 and
+# 1e-6).
 
 # %%
 q = quantization["error, no scale"], quantization["error, scaled"]
@@ -146,6 +165,11 @@ assert abs(q[1][("float8_e5m2", 1e-3)] - q[0][("float8_e5m2", 1e-3)]) < 0.1 * q[
     ("float8_e5m2", 1e-3)]  # the scale changes little: the values were normal already
 for fmt in ("float8_e4m3fn", "float8_e5m2"):  # below the range: all zero, unless scaled
     assert quantization.loc[(fmt, 1e-6), "zeros, no scale"] == 1.0 and q[1][(fmt, 1e-6)] < 0.1
+big = ("float8_e4m3fn", 300.0)  # above the range: saturated (2.14) or NaN (2.9, 2.11), unscaled
+assert quantization.loc[big, "above largest"] > 0.05 and q[1][big] < 0.05
+assert q[0][big] > 0.15 if SATURATES else math.isnan(q[0][big])
+assert quantization.loc[("float8_e5m2", 300.0), "above largest"] == 0
+assert abs(q[1][("float8_e5m2", 300.0)] - q[0][("float8_e5m2", 300.0)]) < 0.01
 
 # %% [markdown]
 # ## 2. FP8 training runs everywhere, and pays only on FP8 hardware
@@ -156,22 +180,41 @@ for fmt in ("float8_e4m3fn", "float8_e5m2"):  # below the range: all zero, unles
 # `torch._scaled_mm`. NVIDIA's Transformer Engine does the same through its own layers (`te.Linear`
 # inside `fp8_autocast`), tied to NVIDIA's CUDA stack (AMD keeps a separate ROCm port).
 #
-# `_scaled_mm` runs on NVIDIA GPUs of compute capability 8.9 and newer (Ada, Hopper, Blackwell),
-# on AMD Instinct MI300 and newer, and, in the course's torch 2.14, on the CPU. Those GPUs have FP8
-# matrix cores; there the run is compiled (`torch.compile` fuses the scaling and casting, which a
-# speedup needs) at the preset's sizes. Elsewhere (a CPU, MPS, an older GPU) the cells train on the
-# CPU, whose `_scaled_mm` computes the same FP8 numbers far more slowly: the `smoke` preset's
-# transformer, eagerly, for 10 steps, whatever the preset. Only linear layers are converted, so the
-# transformer is the model; the vocabulary head stays in bf16.
+# `_scaled_mm` runs on NVIDIA GPUs of compute capability 8.9 and newer (Ada, Hopper, Blackwell), on
+# the AMD GPUs torch's `_scaled_mm_allowed_device` lists (`ScaledBlas.cpp`, torch 2.14:
+# MI300X/MI325X gfx942; RDNA4 gfx1200/gfx1201 from ROCm 6.3; MI350 gfx950 from ROCm 6.5), and on the
+# CPU (torch 2.9, 2.11 and 2.14 all have a CPU `_scaled_mm`; a cell below checks yours). Those GPUs
+# have FP8 matrix cores; there the run is compiled (`torch.compile` fuses the scaling and casting,
+# which a speedup needs) at the preset's sizes. Elsewhere (a CPU, MPS, an older GPU) the cells train
+# on the CPU, far more slowly: the `smoke` preset's transformer, eagerly, for 10 steps, whatever the
+# preset. Only linear layers are converted, so the transformer is the model; the vocabulary head
+# stays in bf16.
+#
+# The CPU's numbers are FP8's where it counts, the inputs' rounding, but not a GPU's to the last
+# bit. ATen's `_scaled_mm_out_cpu` (`Blas.cpp`) takes oneDNN's FP8 kernel only when oneDNN is on
+# and the CPU has AMX-INT8 (Intel Xeon Sapphire Rapids and newer); on every other CPU (AMD Zen,
+# older Intel) it converts both FP8 inputs to fp32 and multiplies with `aten::mm`. And torchao asks
+# for fast accumulation in the forward matmul (`Float8LinearConfig.gemm_config_output`,
+# `use_fast_accum=True`), which Hopper's FP8 tensor cores do in lower precision than the CPU's
+# fp32 sums.
 
 # %%
+# AMD architectures torch's _scaled_mm accepts, with the first ROCm for each (ScaledBlas.cpp's
+# _scaled_mm_allowed_device, torch 2.14; gfx940/941, early MI300 parts, are not listed)
+ROCM_FP8 = {"gfx942": (0, 0), "gfx1200": (6, 3), "gfx1201": (6, 3), "gfx950": (6, 5)}
+
+
 def fp8_capable():
     if info.type != "cuda":
-        return False, f"FP8 matrix cores need NVIDIA cc >= 8.9 or AMD MI300+, not {info.type}"
+        return False, ("FP8 matrix cores need NVIDIA cc >= 8.9 or AMD gfx942/gfx950/RDNA4, "
+                       f"not {info.type}")
     if torch.version.hip:
-        arch = torch.cuda.get_device_properties(info.device).gcnArchName
-        ok = arch.startswith(("gfx94", "gfx95"))
-        return ok, f"AMD {arch}: {'has' if ok else 'has no'} FP8 matrix cores (MI300 is gfx942)"
+        arch = torch.cuda.get_device_properties(info.device).gcnArchName.split(":")[0]
+        rocm = tuple(int(v) for v in torch.version.hip.split(".")[:2])
+        ok = arch in ROCM_FP8 and rocm >= ROCM_FP8[arch]
+        return ok, (f"AMD {arch}, ROCm {rocm[0]}.{rocm[1]}: torch's _scaled_mm "
+                    f"{'accepts' if ok else 'does not accept'} it (gfx942; gfx1200/gfx1201 from "
+                    "ROCm 6.3; gfx950 from 6.5)")
     cc = torch.cuda.get_device_capability(info.device)
     return cc >= (8, 9), f"NVIDIA compute capability {cc[0]}.{cc[1]} (FP8 needs 8.9 or newer)"
 
@@ -186,16 +229,28 @@ def to_float8(model):
 
 
 # %%
-def cpu_scaled_mm():
-    """Whether torch computes _scaled_mm on the CPU (torch 2.14 does) and torchao imports."""
+def fp8_training_ready(on_cpu):
+    """Whether torchao imports (and, on_cpu, torch computes _scaled_mm on the CPU); if not, why
+    not and what would enable it, in one line."""
+    try:
+        import torchao
+        import torchao.float8  # noqa: F401
+    except Exception as error:  # not installed, or built for another torch
+        want = torchao_for(torch.__version__)
+        return False, (f"torchao does not import on torch {torch.__version__} "
+                       f"({type(error).__name__}: {str(error).splitlines()[0][:120]}); "
+                       + (f"installing torchao {want} enables it" if want else
+                          "no torchao release matches this torch"))
+    if not on_cpu:
+        return True, f"torchao {torchao.__version__} on torch {torch.__version__}"
     a, one = torch.ones(16, 16).to(torch.float8_e4m3fn), torch.ones(())
     try:
-        import torchao.float8  # noqa: F401
-
         torch._scaled_mm(a, a.t(), one, one, out_dtype=torch.bfloat16)
-    except (ImportError, RuntimeError, NotImplementedError) as error:
-        return False, f"{type(error).__name__}: {error}"
-    return True, f"torch {torch.__version__} computes _scaled_mm on the CPU"
+    except (RuntimeError, NotImplementedError) as error:
+        return False, (f"torch {torch.__version__} has no CPU _scaled_mm "
+                       f"({str(error).splitlines()[0][:120]}); torch 2.9 and newer have one")
+    kernel = "oneDNN's FP8 kernel" if cpu_scaled_mm_uses_onednn() else "fp32 copies and aten::mm"
+    return True, f"torch {torch.__version__} computes _scaled_mm on the CPU, with {kernel}"
 
 
 # %%
@@ -215,41 +270,60 @@ def train_transformer(use_fp8, device, sizes, steps, compiled):
         optimizer.step()
         losses.append(loss.item())
 
-    if compiled:  # compiling traces _scaled_mm on fake tensors too: profile the step after it
-        step()
-    ops = op_counts(step, device)  # one step, profiled
+    compiled_ops = {}
+    if compiled:  # the first step compiles: count the FP8 matmuls in the graphs Inductor gets
+        with compiled_op_count("aten::_scaled_mm") as compiled_ops:
+            step()
+    ops = op_counts(step, device)  # the next step, profiled: what ran as aten ops
     for _ in tqdm(range(steps - 1 - compiled), desc="FP8" if use_fp8 else "bf16"):
         with timer.step():
             step()
     layers = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
     return {"ms/step": timer.timing.median * 1e3, "first loss": losses[0], "final loss": losses[-1],
-            "_scaled_mm calls": ops.get("aten::_scaled_mm", 0), "float8 layers": layers}
+            "_scaled_mm calls": ops.get("aten::_scaled_mm", 0), "float8 layers": layers,
+            "FP8 matmuls compiled": compiled_ops.get("aten::_scaled_mm", float("nan"))}
 
 
 # %%
 fp8_fast, fp8_reason = fp8_capable()
-cpu_ok, cpu_reason = (False, "not needed") if fp8_fast else cpu_scaled_mm()
-print(f"FP8 matrix cores: {fp8_fast} ({fp8_reason})\nCPU FP8 matmul: {cpu_ok} ({cpu_reason})")
+ready, ready_reason = fp8_training_ready(on_cpu=not fp8_fast)
+print(f"FP8 matrix cores: {fp8_fast} ({fp8_reason})")
+# one line: where FP8 trains, or why it is skipped and what would enable it (never a traceback)
+print(f"{'FP8 training' if ready else 'FP8 training skipped'}: {ready_reason}")
 # no FP8 matrix cores: the CPU at smoke's sizes (a step at `cpu` would take over half an hour)
 device = info.device if fp8_fast else torch.device("cpu")
 sizes, steps = (preset, min(preset.steps, 64)) if fp8_fast else (get_preset("smoke"), 10)
 fp8_runs = {}
-if fp8_fast or cpu_ok:
+if ready:
     fp8_runs = {"bf16 AMP": train_transformer(False, device, sizes, steps, compiled=fp8_fast),
                 "FP8 + bf16 AMP": train_transformer(True, device, sizes, steps, compiled=fp8_fast)}
     slower = fp8_runs["FP8 + bf16 AMP"]["ms/step"] / fp8_runs["bf16 AMP"]["ms/step"]
     print(f"{device.type}, {sizes.name!r} transformer, {steps} steps: "
           f"FP8 took {slower:.1f}x bf16's time per step")
-else:  # e.g. an older torch on a CPU
-    print(f"FP8 training not run: {fp8_reason}; {cpu_reason}")
 pd.DataFrame(fp8_runs).T.round(3)
 
 # %% [markdown]
-# Both runs learn from the same batch, and the profiler's table shows that the FP8 run really
-# computed in FP8: eager, each `Float8Linear` calls `_scaled_mm` three times per step (the forward,
-# and the gradients of its input and of its weight), the bf16 run never; compiled, a gradient that
-# no layer needs (the first layer's input) may be left out. The thresholds differ by
-# where the run happened, each with a margin over what was measured:
+# Which kernel computed this CPU's FP8 matmuls? One `_scaled_mm`, profiled: where oneDNN's FP8
+# kernel runs there is no `aten::mm` under it; elsewhere the fp32 `aten::mm` shows.
+
+# %%
+if ready and not fp8_fast:
+    a8, one = torch.randn(16, 32).to(torch.float8_e4m3fn), torch.ones(())
+    inside = op_counts(lambda: torch._scaled_mm(a8, a8.t(), one, one, out_dtype=torch.bfloat16))
+    print(f"under aten::_scaled_mm: {sorted(k for k in inside if k != 'aten::_scaled_mm')}")
+    assert inside["aten::_scaled_mm"] == 1
+    assert ("aten::mm" in inside) != cpu_scaled_mm_uses_onednn()  # oneDNN: AMX-INT8 and mkldnn on
+
+# %% [markdown]
+# Both runs learn from the same batch, and the table shows that the FP8 run really computed in FP8:
+# each `Float8Linear` makes three FP8 matmuls per step (the forward, and the gradients of its input
+# and of its weight), the bf16 run none. Eagerly, each is an `aten::_scaled_mm` call in the
+# profile. Compiled, the count is taken from the graphs Inductor compiles (`compiled_op_count`,
+# forward and backward): three per layer there too. The profile's `aten::_scaled_mm` calls can then
+# be anything from 0 to 3 per layer, because on a GPU Inductor may compute a `_scaled_mm` with a
+# Triton template of its own (`tuned_scaled_mm` in `torch/_inductor/kernel/mm.py` offers them even
+# without max-autotune, and keeps the fastest), which no `aten::_scaled_mm` event records. The
+# thresholds differ by where the run happened, each with a margin over what was measured:
 #
 # - on a CPU (`smoke` sizes, eager, 10 steps; every preset): the loss falls below 0.9 of its start,
 #   and FP8's final loss is within 1% of the start loss of bf16's. Measured on a 2-core Intel Xeon
@@ -259,13 +333,16 @@ pd.DataFrame(fp8_runs).T.round(3)
 #   bf16's start loss. Not measured on a GPU by this project (docs/gpu-register.md).
 
 # %%
-assert fp8_runs or torch.torch_version.TorchVersion(torch.__version__) < (2, 14)  # CPU _scaled_mm
+assert bool(fp8_runs) == ready  # run wherever torchao imports and _scaled_mm runs
 if fp8_runs:
     bf16_run, fp8_run = fp8_runs.values()
     assert fp8_run["float8 layers"] > 0 == bf16_run["float8 layers"]  # the conversion happened
     calls, layers = fp8_run["_scaled_mm calls"], fp8_run["float8 layers"]
-    # eager: the forward and 2 in backward; compiled, a gradient no layer needs may be dropped
-    assert calls == 3 * layers if not fp8_fast else 0 < calls <= 3 * layers
+    if fp8_fast:  # compiled: 3 per layer in Inductor's graphs, some maybe as Triton templates
+        assert fp8_run["FP8 matmuls compiled"] == 3 * layers and 0 <= calls <= 3 * layers
+        assert bf16_run["FP8 matmuls compiled"] == 0
+    else:  # eager: the forward and 2 in backward, each an aten::_scaled_mm
+        assert calls == 3 * layers
     assert bf16_run["_scaled_mm calls"] == 0
     if fp8_fast:  # GPU-only thresholds, unmeasured by the course (docs/gpu-register.md)
         learned, fp8_gap = 0.5, 0.1
@@ -277,9 +354,11 @@ if fp8_runs:
 
 # %% [markdown]
 # FP8 pays when the matmuls are large enough that the faster FP8 matrix cores win back the time
-# spent finding scales and casting; small layers get slower, and without FP8 matrix cores every
-# step is slower. It also needs the same care as fp16 had before bf16: a scale per tensor, and
-# e5m2's range for gradients.
+# spent finding scales and casting; small layers get slower. Without FP8 matrix cores it does not
+# pay, but how much it costs depends on the machine: the 160x above is one AMX Xeon's, where bf16 is
+# fast; on a CPU that emulates bf16 (AVX2 only) bf16 is slow too, and FP8 took about as long as bf16
+# there (1.0x, issue 33's measurement on a Zen 3). It also needs the same care as fp16 had before
+# bf16: a scale per tensor, and e5m2's range for gradients.
 
 # %% [markdown]
 # ## Try it
@@ -290,19 +369,23 @@ if fp8_runs:
 # 1. **Values of order one.** Make the loop `for std in (1e-3, 1e-6, 1.0):`. At std 1.0 almost
 #    every value is normal in both formats (1.4% lie below e4m3fn's 2^-6, none below e5m2's), and
 #    the errors without a scale (0.0267 and 0.0536) are about those with one (0.0274 and 0.0524):
-#    the scale matters only below the normal range, as in section 1.
+#    the scale matters only outside the normal range, as in section 1.
 # 2. **Overshoot the range.** Double the scale (`scale = 2 * torch.finfo(dtype).max / ...`). Both
 #    scaled errors grow and the assert cell stops: in e5m2 the largest values overflow to inf, so
-#    its error is inf; e4m3fn saturates at 448 instead (section 1), and its error grows about 4x,
-#    0.027 to 0.116. That is why the scale aims at the largest value.
+#    its error is inf; e4m3fn saturates at 448 instead on torch 2.14 (section 1), and its error at
+#    1e-3 grows about 4x, 0.027 to 0.116 (on 2.9 and 2.11 those values become NaN, and so does the
+#    error). That is why the scale aims at the largest value.
 # 3. **Train longer on the CPU.** Change the CPU's 10 steps to 20 in section 2's run cell: both
 #    losses keep falling together (to about 1.6 at step 20, from 2.53), at FP8's slow CPU speed.
 
 # %% [markdown]
 # ## What to remember
 #
-# - FP8 needs a scale per tensor; it helps where values lie below the format's normal range.
-# - Past the largest value, `.to()` saturates e4m3fn at 448, gives inf in e5m2 and NaN in e4m3fnuz.
-# - FP8 training with torchao runs on every device (`_scaled_mm` on the CPU in torch 2.14, the
-#   version checked) and gives FP8's numbers there; it pays only with FP8 matrix cores (NVIDIA
-#   cc >= 8.9, AMD MI300+), compiled, for large matmuls.
+# - FP8 needs a scale per tensor; it helps where values lie outside the format's normal range,
+#   below it (zeros) or above it.
+# - Past the largest value, `.to()` saturates e4m3fn at 448 in torch 2.14 (NaN in 2.9 and 2.11),
+#   gives inf in e5m2 and NaN in e4m3fnuz.
+# - FP8 training with torchao runs on every device (`_scaled_mm` on the CPU in torch 2.9, 2.11 and
+#   2.14, the versions checked) with FP8's rounding of the inputs; it pays only with FP8 matrix
+#   cores (NVIDIA cc >= 8.9; AMD gfx942, gfx950, RDNA4), compiled, for large matmuls. Compiled,
+#   count the FP8 matmuls in Inductor's graphs: the profiler misses those Triton computes.

@@ -49,6 +49,7 @@ from amp_tutorial.device import (
 )
 from amp_tutorial.measure import op_dtype_rows, optimizer_step_events, saved_activation_bytes
 from amp_tutorial.models import course_models
+from amp_tutorial.op_profile import events_with_dtypes, has_device_kernel
 from amp_tutorial.plots import plot_op_times
 from amp_tutorial.presets import get_preset
 from amp_tutorial.reversal_task import sequence_loss
@@ -74,19 +75,24 @@ make_transformer, tokens, token_targets, _ = MODELS["transformer"]
 # %% [markdown]
 # ## 1. The profiler, with input dtypes
 #
-# `torch.profiler` with `record_shapes=True` records, for every op, the shapes **and the dtypes**
-# of its inputs (`event.input_dtypes`). One AMP training step of each model, grouped by op and
-# input dtypes (the course's `op_dtype_rows`), shows what autocast did. Autocast steps in where
-# your code calls `conv2d` or `linear`: the profiler records that call with the fp32 weights you
-# passed, then the casts (`_to_copy`, reading fp32), then the same op again with low-precision
-# inputs, and under it the op that computes (`convolution`, `addmm`, `mm`, the attention kernel),
-# all in low precision. The optimizer's ops, found under the profiler's `Optimizer.step#Adam.step`
-# range, work on the fp32 weights, gradients and moving averages: on the CPU Adam's default
-# single-tensor path calls `lerp_`, `addcmul_` and `addcdiv_` per weight, with fp32 inputs (MPS
-# takes the same path). On CUDA and XPU its default `foreach` path calls `_foreach_lerp_` and
-# friends on whole tensor lists (`_get_foreach_kernels_supported_devices`), which
-# the profiler records without dtypes, so there the cell reads the state's dtype instead. On GPUs
-# the profiler also records the kernels, which the second table lists.
+# `torch.profiler` with `record_shapes=True` records, for every op, the shapes **and the dtypes** of
+# its inputs. torch 2.14 hands them out as `event.input_dtypes`; 2.9 and 2.11 keep them only in the
+# profiler's own record, where the course's `events_with_dtypes(prof)` reads them. One AMP training
+# step of each model, grouped by op and input dtypes (the course's `op_dtype_rows`), shows what
+# autocast did. Autocast steps in where your code calls `conv2d` or `linear`: the profiler records
+# that call with the fp32 weights you passed, then the casts (`_to_copy`, reading fp32), then the
+# same op again with low-precision inputs, and under it the op that computes (`convolution`,
+# `addmm`, `mm`, the attention kernel), all in low precision. On MPS `linear` is itself the op that
+# computes: `native_functions.yaml` gives it an MPS kernel (`_mps_linear`), so no `addmm` or `mm`
+# appears under it there, and the cell counts `linear`'s low-precision call as the compute op on any
+# device whose dispatcher (or yaml) lists such a kernel (`has_device_kernel`). The optimizer's ops,
+# found under the profiler's `Optimizer.step#Adam.step` range, work on the fp32 weights, gradients
+# and moving averages: on the CPU Adam's default single-tensor path calls `lerp_`, `addcmul_` and
+# `addcdiv_` per weight, with fp32 inputs (MPS takes the same path). On CUDA and XPU its default
+# `foreach` path calls `_foreach_lerp_` and friends on whole tensor lists
+# (`_get_foreach_kernels_supported_devices`), which the profiler records without dtypes, so there
+# the cell reads the state's dtype instead. On GPUs the profiler also records the kernels, which the
+# second table lists.
 
 # %%
 activities = [torch.profiler.ProfilerActivity.CPU]
@@ -117,7 +123,8 @@ def profile_step(model_name):
 profiles, optimizers = {}, {}
 for name in MODELS:
     profiles[name], optimizers[name] = profile_step(name)
-op_tables = {name: pd.DataFrame(op_dtype_rows(p.events())) for name, p in profiles.items()}
+events = {name: events_with_dtypes(p) for name, p in profiles.items()}  # with input dtypes
+op_tables = {name: pd.DataFrame(op_dtype_rows(e)) for name, e in events.items()}
 low = dtype_name(LOW)
 # no aten::bmm: it runs only in SDPA's math fallback (MPS, GPUs without a fused training kernel),
 # which casts q, k, v up to fp32 first (_scaled_dot_product_attention_math in attention.cpp)
@@ -126,10 +133,18 @@ COMPUTE = ("aten::convolution", "aten::addmm", "aten::mm",
            "aten::_scaled_dot_product_efficient_attention",
            "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_cudnn_attention")
 ENTRY = ("aten::conv2d", "aten::linear")  # where autocast steps in
+# where linear has a kernel of its own (MPS: _mps_linear), its call after the cast computes
+OWN_LINEAR = has_device_kernel("aten::linear", info.type)
+if OWN_LINEAR:
+    COMPUTE += ("aten::linear",)
+print(f"aten::linear has its own {info.type} kernel: {OWN_LINEAR}")
+if info.type in ("cpu", "cuda", "mps"):  # the yaml: MPS only (XPU's kernels live elsewhere)
+    assert OWN_LINEAR == (info.type == "mps")
 
 # %%
 for name, ops in op_tables.items():
-    compute = ops[ops["op"].isin(COMPUTE)]
+    as_called = ops["op"].isin(ENTRY) & ops["input dtypes"].str.contains("fp32")
+    compute = ops[ops["op"].isin(COMPUTE) & ~as_called]  # an entry op as called is not compute
     print(f"{name}: the forward's matmul-type ops, as called and as computed:")
     print(ops[ops["op"].isin(COMPUTE + ENTRY)].to_string(index=False))
     assert len(compute) and all(low in d for d in compute["input dtypes"]), compute
@@ -139,7 +154,7 @@ for name, ops in op_tables.items():
 
 # %%
 for name in MODELS:  # the optimizer step of the same profiles
-    adam = pd.DataFrame(op_dtype_rows(optimizer_step_events(profiles[name].events()), 0))
+    adam = pd.DataFrame(op_dtype_rows(optimizer_step_events(events[name]), 0))
     update = adam[adam["op"].str.fullmatch(r"aten::(_foreach_)?(lerp|addcmul|addcdiv)_")]
     print(f"{name}: Adam's update ops\n{update.to_string(index=False)}")
     assert len(update) and not adam["input dtypes"].str.contains(low).any(), adam
@@ -160,7 +175,7 @@ else:
     print("No GPU: the profiler recorded CPU ops only (kernels are a GPU notion).")
 
 # %%
-fig = plot_op_times(op_dtype_rows(profiles["transformer"].events()),
+fig = plot_op_times(op_dtype_rows(events["transformer"]),
                     f"Transformer, one AMP {low} step on {info.type}: the ops that took longest")
 
 # %% [markdown]
@@ -266,8 +281,9 @@ if info.type == "cpu" and hasattr(torch.backends.mkldnn, "matmul"):
 # %% [markdown]
 # ## What to remember
 #
-# - `torch.profiler(record_shapes=True)` shows each op's input dtypes: check that the matmuls ran
-#   in low precision instead of assuming it.
+# - `torch.profiler(record_shapes=True)` records each op's input dtypes (`event.input_dtypes` in
+#   torch 2.14, `events_with_dtypes` on older ones): check that the matmuls ran in low precision
+#   instead of assuming it. On MPS `linear` computes itself; elsewhere `addmm`/`mm` do.
 # - Count saved activations on any device; on CUDA and ROCm, a memory snapshot shows every
 #   allocation.
 # - Name your fp32 baseline: on NVIDIA Ampere and newer it may be TF32.

@@ -223,6 +223,24 @@ SOURCE_POLICY: dict[str, dict[str, str]] = {
 }
 SOURCE_POLICY["xpu"] = dict(SOURCE_POLICY["cuda"])
 
+# The torch releases whose lists SOURCE_POLICY holds, each with where it was read. Typed from
+# 2.14.1's autocast_mode.cpp/.h; 2.9.0 and 2.11.0 register the same lists for these ops (their
+# installed autocast_mode.h for CUDA/XPU, their dispatcher's Autocast<device> kernels for every
+# device, and the probe; checked 2026-11-26), so they share the table.
+SOURCE_POLICIES: dict[tuple[int, int], tuple[str, dict[str, dict[str, str]]]] = {
+    (2, 14): ("2.14.1", SOURCE_POLICY),
+    (2, 11): ("2.11.0", SOURCE_POLICY),
+    (2, 9): ("2.9.0", SOURCE_POLICY),
+}
+
+
+def source_policy(version: str) -> tuple[str, dict[str, dict[str, str]]] | None:
+    """(the release read, its lists) for torch ``version``'s minor release; None where the course
+    has read no source for it (then only the dispatcher and the header can be compared).
+    """
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return SOURCE_POLICIES.get((int(match[1]), int(match[2]))) if match else None
+
 
 @contextmanager
 def autocast_flags(device_type: str, low: torch.dtype, enabled: bool = True) -> Iterator[None]:
@@ -271,7 +289,11 @@ def _call(fn: Callable[[], torch.Tensor], device_type: str, low: torch.dtype,
 
 
 def _verdict(cases: dict[str, Case], low: torch.dtype) -> str:
-    if any(c.on.error and not c.off.error for c in cases.values()):
+    # A call that raises only with autocast on is autocast's refusal only where the op itself runs
+    # in the low dtype: torch 2.9's fake CUDA conv2d raises in bf16 with autocast off too (its
+    # kernel asks the absent driver), and there the casts autocast inserted decide.
+    runs_low = cases["low"].off.error is None
+    if runs_low and any(c.on.error and not c.off.error for c in cases.values()):
         return BANNED
     full = cases["fp32"]
     if any(to == low for _, to in full.added_casts) or (full.on.dtype == low != full.off.dtype):

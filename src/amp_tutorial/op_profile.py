@@ -2,12 +2,18 @@
 
 A dtype on a tensor says what was stored, not which kernel computed it: the profiler's table of
 ATen ops (``torch.profiler``, ``key_averages()``) is the record of what ran, e.g. whether an FP8
-linear called ``aten::_scaled_mm`` or fell back to ``aten::mm``.
+linear called ``aten::_scaled_mm`` or fell back to ``aten::mm``. Which kernel an op reaches on a
+device is in the dispatcher and in ``native_functions.yaml``: ``has_device_kernel`` reads both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -25,3 +31,118 @@ def op_counts(fn: Callable[[], object], device: torch.device | str = "cpu") -> d
     with profile(activities=activities) as prof:
         fn()
     return {event.key: event.count for event in prof.key_averages()}
+
+
+@contextmanager
+def compiled_op_count(*ops: str) -> Iterator[Counter]:
+    """Count ``ops`` (``"aten::_scaled_mm"``) in every graph Inductor compiles inside the block,
+    forward and backward, as Inductor gets them (a post-grad pass), before it picks kernels.
+
+    The profiler sees only the ops Inductor leaves to ATen: on a GPU it may compute a
+    ``_scaled_mm`` with a Triton template of its own (``tuned_scaled_mm`` in
+    ``torch/_inductor/kernel/mm.py`` offers them even without max-autotune), which no
+    ``aten::_scaled_mm`` event records. A plain function as the pass also keeps Inductor from
+    reusing a cached graph (its FX graph cache bypasses unknown passes), so the count is complete.
+    """
+    import torch._inductor.config as inductor_config
+
+    wanted = {op.removeprefix("aten::").split(".")[0]: op for op in ops}
+    counts: Counter = Counter(dict.fromkeys(ops, 0))
+
+    def count(graph: torch.fx.Graph) -> None:
+        for node in graph.nodes:
+            packet = getattr(node.target, "_overloadpacket", None)
+            if node.op == "call_function" and packet is not None and packet.__name__ in wanted:
+                counts[wanted[packet.__name__]] += 1
+
+    with inductor_config.patch(post_grad_custom_post_pass=count):
+        yield counts
+
+
+def events_with_dtypes(prof: profile) -> list:
+    """``prof.events()`` of a run made with ``record_shapes=True``, each with ``input_dtypes``.
+
+    ``FunctionEvent.input_dtypes`` exists in torch 2.14 but not in 2.9 or 2.11; the profiler's
+    own record (``_KinetoEvent.dtypes()``, whose ``correlation_id()`` is the event's ``id``) has
+    the dtypes in every supported torch, so events that lack them get them from there.
+    """
+    events = prof.events()
+    missing = [e for e in events if getattr(e, "input_dtypes", None) is None]
+    if missing:
+        cpu = torch.autograd.DeviceType.CPU
+        recorded = {k.correlation_id(): list(k.dtypes())
+                    for k in prof.profiler.kineto_results.events() if k.device_type() == cpu}
+        for event in missing:
+            event.input_dtypes = recorded.get(event.id, []) if event.device_type == cpu else []
+    return events
+
+
+def cpu_has_amx_int8() -> bool:
+    """Whether this CPU has AMX-INT8 (Intel Sapphire Rapids and newer), as cpuinfo reports it.
+
+    torch 2.14 reads cpuinfo in ``torch._C._cpu._get_cpu_capability()``; older releases lack that
+    call, and there the Linux kernel's CPU flags are read instead (False where neither exists).
+    """
+    capability = getattr(torch._C._cpu, "_get_cpu_capability", None)
+    if capability is not None:
+        return bool(capability().get("amx_int8", False))
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpuinfo.is_file() and "amx_int8" in cpuinfo.read_text().split()
+
+
+def cpu_scaled_mm_uses_onednn() -> bool:
+    """Whether ``torch._scaled_mm`` on the CPU (FP8 inputs of one dtype) runs oneDNN's FP8 kernel.
+
+    ATen's ``_scaled_mm_out_cpu`` (``aten/src/ATen/native/Blas.cpp``, torch 2.9 to 2.14) calls
+    ``mkldnn_scaled_mm`` only when oneDNN is on (``torch.backends.mkldnn.enabled``) and the CPU
+    has AMX-INT8 (``cpuinfo_has_x86_amx_int8``; e4m3 x e5m2 needs AMX-FP16 in 2.14). Elsewhere it
+    dequantizes both inputs to fp32 (``aten::mul``) and multiplies with ``aten::matmul`` ->
+    ``aten::mm``. ``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY`` do not change the choice.
+    """
+    return (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+            and cpu_has_amx_int8())
+
+
+@cache
+def _native_functions() -> str | None:
+    try:
+        import torchgen  # shipped inside every torch wheel, with the yaml under packaged/
+    except ImportError:
+        return None
+    path = Path(torchgen.__file__).parent / "packaged" / "ATen" / "native" / "native_functions.yaml"
+    return path.read_text() if path.is_file() else None
+
+
+def yaml_dispatch_keys(op: str) -> set[str] | None:
+    """The dispatch keys ``native_functions.yaml`` gives ``op`` (``"aten::linear"``), as shipped
+    with the installed torch (``torchgen/packaged``); None where the file or the op is missing.
+
+    The file lists kernels for every device, built or not: a Linux wheel has no MPS kernels in
+    its dispatcher, yet the yaml says ``linear`` has one (``MPS: _mps_linear``).
+    """
+    text = _native_functions()
+    name = op.removeprefix("aten::")
+    entry = re.search(rf"^- func: {re.escape(name)}\(.*?(?=^- func:|\Z)", text or "", re.M | re.S)
+    if entry is None:
+        return None
+    delegate = re.search(r"^  structured_delegate: (\S+)", entry.group(0), re.M)
+    if delegate is not None:  # e.g. addmm computes through addmm.out's kernels
+        return yaml_dispatch_keys(delegate.group(1))
+    block = re.search(r"^  dispatch:\n((?:    .*\n?)*)", entry.group(0), re.M)
+    if block is None:
+        return set()
+    return {key.strip() for line in block.group(1).splitlines()
+            for key in line.split(":")[0].split(",")}
+
+
+def has_device_kernel(op: str, device_type: str) -> bool:
+    """Whether ``op`` has a kernel of its own for ``device_type`` (e.g. ``aten::linear`` on MPS,
+    ``_mps_linear``), instead of decomposing into other ops (``addmm``/``mm`` on CPU and CUDA).
+
+    Asks the dispatcher (``torch._C._dispatch_has_kernel_for_dispatch_key``), which knows only the
+    devices this build was compiled for, and ``native_functions.yaml``, which lists them all.
+    """
+    key = device_type.upper() if device_type != "privateuseone" else "PrivateUse1"
+    if torch._C._dispatch_has_kernel_for_dispatch_key(op, key):
+        return True
+    return key in (yaml_dispatch_keys(op) or set())

@@ -31,6 +31,7 @@ from amp_tutorial.autocast_policy import (
     policy_table,
     registered_ops,
     saved_activation_bytes_on,
+    source_policy,
     trace_dtypes,
     visible_promotions,
 )
@@ -147,6 +148,25 @@ def test_verdict_rules_for_cuda_only_policies():
                 "mixed": _case(None, FP32_T, off_err="RuntimeError: same dtype",
                                on_casts=[(BF16, FP32_T)])}
     assert _verdict(dot_like, BF16) == PROMOTE
+
+
+def test_a_kernel_that_fails_in_low_precision_is_not_a_refusal():
+    """torch 2.9's fake CUDA conv2d: bf16 raises with autocast off too, so the casts decide."""
+    fails = "AcceleratorError: CUDA driver version is insufficient"
+    conv_like = {"fp32": _case(FP32_T, None, on_casts=[(FP32_T, BF16)] * 2, on_err=fails),
+                 "low": _case(None, None, off_err=fails, on_err=fails),
+                 "mixed": _case(None, None, off_err=fails, on_err=fails)}
+    assert _verdict(conv_like, BF16) == LOWERED
+    # the same failure without autocast's casts is no rule, and never "refused"
+    no_casts = {**conv_like, "fp32": _case(FP32_T, None, on_err=fails)}
+    assert _verdict(no_casts, BF16) == NO_RULE
+
+
+def test_source_lists_are_kept_per_torch_release():
+    assert source_policy("2.14.1+cu130")[0] == "2.14.1"
+    assert source_policy("2.9.1")[0] == "2.9.0" and source_policy("2.11.0")[0] == "2.11.0"
+    assert source_policy("2.12.0") is None  # no source read for it: compare the registry only
+    assert source_policy(torch.__version__) is not None  # every torch the tests run
 
 
 def test_table_columns_name_the_dtype():

@@ -1,6 +1,17 @@
+from pathlib import Path
+
+import pytest
 import torch
 
-from amp_tutorial.op_profile import op_counts
+from amp_tutorial.op_profile import (
+    compiled_op_count,
+    cpu_has_amx_int8,
+    cpu_scaled_mm_uses_onednn,
+    events_with_dtypes,
+    has_device_kernel,
+    op_counts,
+    yaml_dispatch_keys,
+)
 
 
 def test_counts_each_op_by_name() -> None:
@@ -11,11 +22,83 @@ def test_counts_each_op_by_name() -> None:
     assert "aten::_scaled_mm" not in counts
 
 
-def test_sees_the_fp8_matmul_and_not_a_plain_one() -> None:
-    # torch >= 2.14 computes _scaled_mm on the CPU (e4m3fn inputs, per-tensor scales)
+def _scaled_mm_counts() -> dict[str, int]:
+    # e4m3fn inputs, per-tensor scales, the second operand column-major: a CPU _scaled_mm
     a = torch.randn(16, 32).to(torch.float8_e4m3fn)
-    b = torch.randn(16, 32).to(torch.float8_e4m3fn).t()  # the second operand column-major
+    b = torch.randn(16, 32).to(torch.float8_e4m3fn).t()
     one = torch.tensor(1.0)
-    counts = op_counts(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16))
+    return op_counts(lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16))
+
+
+def test_the_fp8_matmul_dequantizes_to_mm_without_onednn() -> None:
+    # _scaled_mm_out_cpu's fallback, on every CPU: fp32 copies (mul), then matmul -> mm
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert not cpu_scaled_mm_uses_onednn()
+        counts = _scaled_mm_counts()
     assert counts["aten::_scaled_mm"] == 1
-    assert "aten::mm" not in counts
+    assert counts["aten::mm"] == 1 and counts["aten::mul"] == 2
+
+
+def test_the_fp8_matmul_takes_onednn_exactly_on_an_amx_int8_cpu() -> None:
+    # Zen 3/Zen 4 (no AMX): aten::mm under _scaled_mm; a Xeon with AMX-INT8: oneDNN's FP8 kernel
+    counts = _scaled_mm_counts()
+    assert counts["aten::_scaled_mm"] == 1
+    assert cpu_scaled_mm_uses_onednn() == (torch.backends.mkldnn.enabled and cpu_has_amx_int8())
+    assert ("aten::mm" not in counts) == cpu_scaled_mm_uses_onednn(), counts
+
+
+def test_amx_int8_agrees_with_the_kernels_cpu_flags() -> None:
+    # the fallback for torch < 2.14 reads Linux's flags; 2.14 asks cpuinfo: the two agree
+    flags = Path("/proc/cpuinfo").read_text().split()
+    assert cpu_has_amx_int8() == ("amx_int8" in flags)
+
+
+def test_events_carry_input_dtypes_as_torch_records_them() -> None:
+    a = torch.randn(8, 8)
+    with torch.profiler.profile(record_shapes=True) as prof:
+        torch.mm(a.bfloat16(), a.bfloat16())
+        torch.mm(a, a)
+    events = events_with_dtypes(prof)
+    mm = [e.input_dtypes for e in events if e.name == "aten::mm"]
+    assert mm == [["c10::BFloat16", "c10::BFloat16"], ["float", "float"]]
+
+
+def test_the_dtypes_filled_in_are_the_ones_torch_itself_gives() -> None:
+    # on a torch whose events have input_dtypes (2.14), hide them and fill them in from the record
+    a = torch.randn(8, 8)
+    with torch.profiler.profile(record_shapes=True) as prof:
+        torch.nn.functional.linear(a.half(), a.half())
+    own = [getattr(e, "input_dtypes", None) for e in prof.events()]
+    if all(d is None for d in own):
+        pytest.skip(f"torch {torch.__version__} records no FunctionEvent.input_dtypes to compare")
+    for event in prof.events():
+        event.input_dtypes = None
+    assert [e.input_dtypes for e in events_with_dtypes(prof)] == [d or [] for d in own]
+
+
+def test_linear_has_its_own_kernel_on_mps_only() -> None:
+    # native_functions.yaml: linear is CompositeImplicitAutograd (-> addmm/mm) except on MPS
+    assert "MPS" in yaml_dispatch_keys("aten::linear")
+    assert has_device_kernel("aten::linear", "mps")
+    assert not has_device_kernel("aten::linear", "cpu")
+    assert not has_device_kernel("aten::linear", "cuda")
+    assert has_device_kernel("aten::addmm", "cpu") and has_device_kernel("aten::addmm", "mps")
+    assert yaml_dispatch_keys("aten::no_such_op") is None
+
+
+def test_on_cpu_linear_computes_through_addmm() -> None:
+    # the other branch, run for real: no own kernel, so the profiler shows linear -> addmm
+    layer = torch.nn.Linear(8, 4)
+    counts = op_counts(lambda: layer(torch.randn(2, 8)))
+    assert counts["aten::linear"] == 1 and counts["aten::addmm"] == 1
+
+
+def test_compiled_op_count_sees_forward_and_backward_graphs_every_compile() -> None:
+    # a @ b with both requiring grad: one mm in the forward graph, two in the backward one
+    a = torch.randn(8, 8, requires_grad=True)
+    b = torch.randn(8, 8, requires_grad=True)
+    for _ in range(2):  # the second compile of the same graph is counted again, not cached
+        torch._dynamo.reset()
+        with compiled_op_count("aten::mm", "aten::_scaled_mm") as counts:
+            torch.compile(lambda x, y: x @ y)(a, b).sum().backward()
+        assert counts == {"aten::mm": 3, "aten::_scaled_mm": 0}
