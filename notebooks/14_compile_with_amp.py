@@ -269,8 +269,11 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 KERNEL_ACTIVITY = {"cuda": ProfilerActivity.CUDA, "xpu": ProfilerActivity.XPU}.get(info.type)
+ACTIVITIES = [ProfilerActivity.CPU, *([KERNEL_ACTIVITY] if KERNEL_ACTIVITY else [])]
 CLOCK = "device kernels" if KERNEL_ACTIVITY else "CPU ops"
-print(f"the tables below rank {CLOCK} by their own time ({info.type})")
+host_only = info.type != "cpu" and not KERNEL_ACTIVITY  # MPS: launch time, not the GPU's
+print(f"the tables below rank {CLOCK} by their own time on {info.type}"
+      + (" (the CPU's launch time: the profiler sees no kernels here)" if host_only else ""))
 
 
 def profile_conv_step(compiled, steps=3):
@@ -292,8 +295,7 @@ def profile_conv_step(compiled, steps=3):
     with inductor_config.patch({"cpp.enable_kernel_profile": True}):
         for _ in range(2):
             step()
-        with profile(activities=[ProfilerActivity.CPU, *[KERNEL_ACTIVITY] * bool(KERNEL_ACTIVITY)]
-                     ) as prof:
+        with profile(activities=ACTIVITIES) as prof:
             for _ in range(steps):
                 step()
     events = prof.key_averages()
