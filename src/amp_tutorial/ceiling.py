@@ -218,8 +218,8 @@ class Ceiling:
         }
 
     def lines(self) -> list[str]:
-        """One line per size: each dtype's GFLOP/s (median, quartile range) and its ratio; a rate
-        whose spread is noise is marked so."""
+        """One line per size: each dtype's GFLOP/s (median, quartile range; three significant
+        digits, as an emulated dtype runs below 1) and its ratio; a noisy rate is marked so."""
         out = []
         for n in self.sizes:
             parts = []
@@ -228,7 +228,7 @@ class Ceiling:
                 low, high = r.gflops_range
                 ratio = "" if dtype == "fp32" else f", {self.ratio(n, dtype):.2f}x fp32"
                 noise = f", NOISY: spread {r.spread:.0%} of the median" if r.noisy else ""
-                parts.append(f"{dtype} {r.gflops:.0f} ({low:.0f}-{high:.0f}{noise}){ratio}")
+                parts.append(f"{dtype} {r.gflops:.3g} ({low:.3g}-{high:.3g}{noise}){ratio}")
             out.append(f"matmul {n}x{n}: " + "; ".join(parts))
         return out + list(self.notes)
 
