@@ -36,6 +36,7 @@
 # setup). Seeds are fixed (`torch.manual_seed(0)`), so each run starts from the same weights.
 
 # %%
+import inspect
 import warnings
 
 import matplotlib.pyplot as plt
@@ -160,12 +161,21 @@ assert "CPU-GPU sync" in torch.amp.GradScaler.get_scale.__doc__
 # one read per step is enough: the scale a step used is the one the previous update left
 used = fixed_log["scale used"].to_numpy()
 assert ((used[1:] < used[:-1]) == fixed_log["skipped"].to_numpy()[:-1]).all()
+# scaler.step syncs too, for an optimizer that is not fused: it reads found_inf with .item()
+assert ".item()" in inspect.getsource(torch.amp.GradScaler._maybe_opt_step)
+weight = [torch.zeros(1, requires_grad=True)]
+assert not getattr(torch.optim.Adam(weight), "_step_supports_amp_scaling", False)  # this Adam
+assert torch.optim.Adam(weight, fused=True)._step_supports_amp_scaling  # fused: no .item()
 
 # %% [markdown]
 # That rule is not free on a GPU: `scaler.get_scale()` returns `scale.item()`, a CPU-GPU sync
-# that waits for the queued kernels, and `amp_step` calls it twice per step. Keep the value read
-# after the last `update()` and compare it with the next one: one sync per step, as the assert
-# above shows is enough.
+# that waits for the queued kernels, and `amp_step` calls it twice per step. `scaler.step` waits
+# once more with an optimizer like this Adam (not fused): it reads `found_inf` with `.item()` to
+# decide whether to step (`_maybe_opt_step` in `torch/amp/grad_scaler.py`); a `fused=True`
+# optimizer takes the flag on the device instead (`_step_supports_amp_scaling`). Keep the value
+# read after the last `update()` and compare it with the next one: one read of the scale per step,
+# as the assert above shows is enough, which saves one sync of the three (this demo's own overflow
+# check and `update_norm` add more; a real loop has neither).
 #
 # The `scale used` column is also the thing to **log** in a real run (next to the loss, every N
 # steps, which is also when to pay for the sync). A healthy float16 run backs off a few times at

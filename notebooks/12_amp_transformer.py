@@ -241,7 +241,7 @@ fig = plot_bars(bars, f"Transformer training on {info.type}: fp32 vs AMP")
 # `_to_copy` casts autocast inserts. Here: one block, then the head and the loss, under autocast.
 
 # %%
-from amp_tutorial.autocast_policy import trace_dtypes
+from amp_tutorial.autocast_policy import has_backend_kernel, trace_dtypes
 
 amp_dtype = info.amp_dtype
 low = dtype_name(amp_dtype)
@@ -260,6 +260,8 @@ trace
 # - The **linear layers** (`addmm`) and **attention** run in the low dtype, weights cast on the way
 #   in (`_to_copy`): linear, matmul and `scaled_dot_product_attention` are on autocast's
 #   lower-precision list on CPU and CUDA (`aten/src/ATen/autocast_mode.cpp`, `autocast_mode.h`).
+#   On MPS the trace shows `linear` instead of `addmm`: MPS has a kernel for `linear` itself
+#   (`MPS: _mps_linear` in `native_functions.yaml`), so it is not decomposed into `addmm` there.
 # - The **residual stream stays float32**: `x + attn(...)` adds a float32 tensor and a
 #   low-precision one, and ordinary type promotion gives float32, autocast or not.
 # - **Layer norm** therefore receives float32 here and runs in float32, on every device, for
@@ -283,7 +285,10 @@ trace
 #   for a language model's.
 
 # %%
-assert any(t.op == "addmm" and t.output == low for t in block_ops), "linear not lowered"
+# a linear layer reaches the kernels as addmm (linear's CompositeImplicitAutograd body), or as
+# linear itself where the device has its own kernel (MPS: _mps_linear in native_functions.yaml)
+linear_op = "linear" if has_backend_kernel("linear", info.type) else "addmm"
+assert any(t.op == linear_op and t.output == low for t in block_ops), "linear not lowered"
 sdpa = [t for t in block_ops if "scaled_dot_product" in t.op]
 if fused[f"AMP {low}"]:
     assert sdpa and all(t.output == low for t in sdpa), sdpa

@@ -245,19 +245,44 @@ fig = plot_bars({f"{m} (ms/step)": table.loc[m, "ms/step (median)"].to_dict() fo
 # A verdict of "slower" or "faster" says nothing about the cause. The profiler does: three
 # ConvModel training steps, eager and compiled, both in low precision, after two untimed steps
 # (the first compiles). `cpp.enable_kernel_profile` makes Inductor record each C++ kernel it
-# generates under its own name (`graph_0_cpp_fused_<the ops it fused>_N`); without it they hide in
-# the self time of `## Call CompiledFxGraph ... ##`. No GradScaler: these steps are looked at, not
-# trained. Sorted by self time, the top rows show where each step's time goes.
+# generates under its own name (`graph_0_cpp_fused_<the ops it fused>_N`; on Linux and Windows
+# only, `codegen/cpp.py`); without it they hide in the self time of
+# `## Call CompiledFxGraph ... ##`. The setting is read when the code is generated, so the
+# compiled model is compiled afresh here (`torch.compiler.reset()`): a new `ConvModel` of the
+# same shapes would otherwise reuse the code compiled in section 2, which Dynamo guards on the
+# class and the shapes, not on the object, and the names would be missing. No GradScaler: these
+# steps are looked at, not trained. Sorted by self time, the top rows show where each step's time
+# goes.
+#
+# **Which clock.** On a CPU the ops' own (self) CPU time is where the step's time goes. On a GPU
+# it is not: the CPU only queues kernels, so its ops' times rank launch overhead. There the
+# profiler also records the GPU's kernels (`ProfilerActivity.CUDA`, which ROCm shares, or `XPU`)
+# with their times taken on the device, and the tables below rank those kernels instead (lesson 17
+# reads such a profile in full). On MPS the profiler sees no kernels, so the tables stay on the
+# CPU's side and say so.
 
 # %%
+import sys
+
 import torch._inductor.config as inductor_config
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
+
+KERNEL_ACTIVITY = {"cuda": ProfilerActivity.CUDA, "xpu": ProfilerActivity.XPU}.get(info.type)
+ACTIVITIES = [ProfilerActivity.CPU, *([KERNEL_ACTIVITY] if KERNEL_ACTIVITY else [])]
+CLOCK = "device kernels" if KERNEL_ACTIVITY else "CPU ops"
+host_only = info.type != "cpu" and not KERNEL_ACTIVITY  # MPS: launch time, not the GPU's
+print(f"the tables below rank {CLOCK} by their own time on {info.type}"
+      + (" (the CPU's launch time: the profiler sees no kernels here)" if host_only else ""))
 
 
 def profile_conv_step(compiled, steps=3):
+    """Per op (CPU) and per kernel (GPU): calls and self ms per step, of ``steps`` steps."""
     make_model, inputs, targets, loss_fn = MODELS["ConvModel"]
     model = make_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    if compiled:
+        torch.compiler.reset()  # compile anew, with the kernel names (section 2's code lacks them)
     net = torch.compile(model, backend=BACKEND) if compiled else model
 
     def step():
@@ -270,52 +295,65 @@ def profile_conv_step(compiled, steps=3):
     with inductor_config.patch({"cpp.enable_kernel_profile": True}):
         for _ in range(2):
             step()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=ACTIVITIES) as prof:
             for _ in range(steps):
                 step()
-    return {e.key: (e.count / steps, e.self_cpu_time_total / 1e3 / steps)
-            for e in prof.key_averages()}
+    events = prof.key_averages()
+    ops = {e.key: (e.count / steps, e.self_cpu_time_total / 1e3 / steps)
+           for e in events if e.device_type == DeviceType.CPU}
+    kernels = {e.key: (e.count / steps, e.self_device_time_total / 1e3 / steps)
+               for e in events if e.device_type != DeviceType.CPU}
+    return ops, kernels
 
 
 # %%
 def kind(op):
-    """Where an op's time goes: a library kernel, code Inductor generated, or eager ATen."""
-    if "convolution" in op or op.endswith(("::mm", "::addmm", "::bmm")):
-        return "conv/matmul: library (oneDNN, cuDNN, ...)"
+    """Where an op's (or a GPU kernel's) time goes: code Inductor generated, a library kernel,
+    or eager ATen. Generated first: a fused kernel's name can list `convolution_backward`."""
     if "cpp_fused" in op or op.startswith(("triton_", "## Call CompiledFxGraph")):
         return "code Inductor generated"
-    return "eager ATen op" if op.startswith("aten::") else "other (Python, optimizer, autograd)"
+    library = ("gemm", "cudnn", "cutlass", "xmma", "miopen", "rocblas", "hipblas", "onednn")
+    if ("convolution" in op or op.endswith(("::mm", "::addmm", "::bmm"))
+            or any(name in op.lower() for name in library)):
+        return "conv/matmul: library (oneDNN, cuDNN, ...)"
+    if op.startswith("aten::") or "at::native" in op:  # a GPU kernel of an eager ATen op
+        return "eager ATen op"
+    return "other (Python, optimizer, autograd, copies)"
 
 
 if BACKEND is None:
     print(f"no compiled profile: {backend_reason}")
-profiles = {f"{'compiled' if c else 'eager'} {dtype_name(LOW)}": profile_conv_step(c)
+profiled = {f"{'compiled' if c else 'eager'} {dtype_name(LOW)}": profile_conv_step(c)
             for c in (False, True) if BACKEND or not c}
+profiles = {run: ops for run, (ops, _) in profiled.items()}  # CPU ops: the names asserted below
+ranked = {run: kernels if KERNEL_ACTIVITY else ops for run, (ops, kernels) in profiled.items()}
 top_ops = {run: pd.DataFrame([{"op": op[:70], "calls/step": calls, "self ms/step": ms}
                               for op, (calls, ms) in ops.items()])
            .sort_values("self ms/step", ascending=False).head(8).round(2)
-           for run, ops in profiles.items()}
-by_kind = pd.DataFrame({run: pd.Series({op: ms for op, (_, ms) in ops.items()})
-                        .groupby(kind).sum() for run, ops in profiles.items()}).fillna(0)
+           for run, ops in ranked.items()}
+by_kind = pd.DataFrame({run: pd.Series({op: ms for op, (_, ms) in ops.items()}, dtype=float)
+                        .groupby(kind).sum() for run, ops in ranked.items()}).fillna(0)
 by_kind.round(1)
 
 # %%
 for run, ops in top_ops.items():
-    print(f"{run}: top ops by self time per step\n{ops.to_string(index=False)}\n")
+    print(f"{run}: top {CLOCK} by self time per step\n{ops.to_string(index=False)}\n")
 
 # %% [markdown]
-# What the two tables show, on any CPU: the convolutions (forward and backward) are library calls
-# in both steps: Inductor does not generate a 1x1 convolution, it calls oneDNN as eager does (an
-# *extern* kernel). Everything around them changes. Eager runs BatchNorm, ReLU, their backward
-# ops and autocast's casts as separate ATen ops, each a full pass over the activations; Inductor
-# decomposes BatchNorm and fuses it with the casts and the ReLU into a few generated C++ loops,
-# whose names list what they fused (at `smoke`, `aot_eager` generates nothing: both tables list
-# ATen ops). So whether compile wins is a contest between ATen's hand-written kernels and
-# Inductor's generated loops on your CPU, with the convolutions the same on both sides. Measured
-# with the benchmark on a 2-core Zen 4 (AVX512-BF16, no AMX), compiled bf16 trained at 1.87x eager
-# fp32 and eager bf16 at 2.05x: there the generated code lost. On a 2-core Xeon with AMX, this
-# profile at `cpu` gave 88 ms of self time per eager step (BatchNorm, ReLU and their backward
-# 59 ms of it) against 56 ms compiled: there it won. `by_kind` above says which happened here.
+# What the two tables show, on any CPU (the kernel names on Linux and Windows): the convolutions
+# (forward and backward) are library calls in both steps: Inductor does not generate a 1x1
+# convolution, it calls the ATen convolution eager calls (an *extern* kernel: oneDNN's, or on a CPU
+# without native bf16 ATen's own `_slow_conv2d`). Everything around them changes. Eager runs
+# BatchNorm, ReLU, their backward ops and autocast's casts as separate ATen ops, each a full pass
+# over the activations; Inductor decomposes BatchNorm and fuses it with the casts and the ReLU into
+# a few generated C++ loops, whose names list what they fused (at `smoke`, `aot_eager` generates
+# nothing: both tables list ATen ops). So whether compile wins is a contest between ATen's
+# hand-written kernels and Inductor's generated loops on your CPU, with the convolutions the same on
+# both sides. Measured with the benchmark on a 2-core Zen 4 (AVX512-BF16, no AMX), compiled bf16
+# trained at 1.87x eager fp32 and eager bf16 at 2.05x: there the generated code lost. On a 2-core
+# Xeon with AMX, this profile at `cpu` gave 88 ms of self time per eager step (BatchNorm, ReLU and
+# their backward 59 ms of it) against 56 ms compiled: there it won. `by_kind` above says which
+# happened here.
 
 # %%
 eager_ops, *compiled = profiles.values()
@@ -325,11 +363,15 @@ assert any("convolution" in op for op in eager_ops)  # the library conv, eagerly
 batch_norms = {"aten::native_batch_norm", "aten::cudnn_batch_norm", "aten::miopen_batch_norm"}
 assert batch_norms & set(eager_ops)
 if compiled and BACKEND == "inductor" and info.type == "cpu":
-    generated = [op for op in compiled[0] if "cpp_fused" in op]
-    assert any("convolution" in op for op in compiled[0])  # still oneDNN's, an extern call
+    assert any(op.startswith("aten::convolution") for op in compiled[0])  # extern, as eager
     assert "aten::native_batch_norm" not in compiled[0]  # decomposed, into generated code
-    assert any("batch_norm" in op for op in generated), generated
-    print(f"Inductor generated {len(generated)} kernels, e.g. {min(generated, key=len)}")
+    generated = [op for op in compiled[0] if "cpp_fused" in op]
+    if sys.platform in ("linux", "win32"):  # where Inductor names its C++ kernels
+        assert any("batch_norm" in op for op in generated), generated
+        print(f"Inductor generated {len(generated)} kernels, e.g. {min(generated, key=len)}")
+    else:
+        print(f"no kernel names on {sys.platform}: Inductor names its C++ kernels on Linux and "
+              "Windows only; their time is in `## Call CompiledFxGraph ... ##`")
 
 # %% [markdown]
 # The benchmark does the same for the ConvModel: `pdm run bench --compile` adds a compiled row

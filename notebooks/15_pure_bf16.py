@@ -198,7 +198,10 @@ assert per_weight == {"AMP bf16": 16, "pure bf16": 8}
 #   a step of 1e-3 moves a weight at 1.0 a whole gap (2^-8) about one time in four, 1e-3 on
 #   average. No extra bytes. torchao.optim's optimizers (`AdamW8bit`, `Adam8bit`, `AdamWFp8`,
 #   the full-state `_AdamW`, ...) take `bf16_stochastic_round=True` (`torchao/optim/adam.py`:
-#   the step in fp32, the bf16 weight rounded stochastically, the moments to nearest).
+#   the step in fp32, the bf16 weight rounded stochastically). The moments are stored as each
+#   optimizer keeps them: `_AdamW` in the weight's dtype, rounded to nearest; the 8-bit ones
+#   quantized per block of 256 values to an 8-bit code, `AdamWFp8` scaled per block and cast to
+#   float8 (tensors under 4096 values keep plain moments, `_new_buffer`).
 # - **Kahan-compensated updates**: keep each weight's rounding error in a second bf16 tensor and
 #   add it to the next update. 2 more bytes per weight.
 #
@@ -219,8 +222,9 @@ assert abs(stochastic.float().mean() - 0.9) < 1e-3  # the mean varies by 1.7e-4 
 
 # %% [markdown]
 # The same ConvModel, pure bf16, with that Adam instead of torch's (the generator is seeded, so
-# the run repeats). How many weights did not move in one step is no longer the measure: a weight
-# whose update is a quarter of the gap stays put three steps in four. What matters is whether
+# the run repeats on the same kind of CPU kernels). How many weights did not move in one step is
+# no longer the measure: a weight whose update is a quarter of the gap stays put three steps in
+# four. What matters is whether
 # the updates add up. BatchNorm's weights start at 1.0, so watch them move:
 
 # %%
@@ -300,9 +304,11 @@ inference.round(3)
 #    1e-3), the BatchNorm weights move, and the assert fails: Adam's first step is about 0.01 for
 #    every weight, more than half the 0.0039 gap. That is the first step only. Set `lr=1e-2` in
 #    `train_pure_bf16`'s default as well and re-run from there: the printed range starts at 0.0%
-#    (step one; the assert after it fails), but at `cpu` (seeded, so repeatable) 3.7% of the
-#    updates are lost at step 10 and 72% at step 64, as many as at 1e-3, and the final loss is
-#    0.052, against 0.023 at 1e-3 and 0.020 with AMP. Larger steps do not keep the small ones.
+#    (step one; the assert after it fails), but at `cpu` (seeded: the same figures on a CPU of
+#    the same kind; one whose bf16 kernels differ, AVX2 against AVX512-BF16 or AMX, rounds
+#    differently and gives nearby ones) 3.7% of the updates are lost at step 10 and 72% at step
+#    64, as many as at 1e-3, and the final loss is 0.052, against 0.023 at 1e-3 and 0.020 with
+#    AMP (2-core AMD EPYC Zen 4). Larger steps do not keep the small ones.
 
 # %% [markdown]
 # ## What to remember

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm.auto import tqdm
 
-from amp_tutorial.ceiling import SIZES, Ceiling, matmul_ceiling
+from amp_tutorial.ceiling import FP32_LIKE, SIZES, Ceiling, matmul_ceiling
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import (
     DeviceInfo,
@@ -86,7 +86,8 @@ class ModeResult:
     final_accuracy: float | None = None  # transformer: answer accuracy on held-out sequences
     train_compile_s: float | None = None  # --compile: first call minus a median step
     infer_compile_s: float | None = None
-    matmul_ceiling: float | None = None  # best t_fp32 / t_amp_dtype of a matmul, this run
+    matmul_ceiling: float | None = None  # best t_fp32 / t_amp_dtype of a matmul, this run; None
+    # where that ratio bounds nothing (an emulated dtype, noisy timings: Ceiling.why_no_ceiling)
 
 
 def run_mode(
@@ -282,17 +283,19 @@ def _table(cols: list[str], rows: list[list[str]]) -> str:
 
 
 def add_ceiling(results: list[ModeResult], ceiling: Ceiling) -> None:
-    """Give each AMP row the best matmul ratio of its dtype measured in this run."""
+    """Give each AMP row the matmul ceiling of its dtype measured in this run (None where the
+    ratio is no ceiling)."""
     for r in results:
         if r.amp_dtype in ceiling.low_dtypes:
-            r.matmul_ceiling = ceiling.best_ratio(r.amp_dtype)
+            r.matmul_ceiling = ceiling.ceiling(r.amp_dtype)
 
 
-def gain_lines(results: list[ModeResult]) -> list[str]:
-    """Each AMP row's gains next to its matmul ceiling: what the rest of the step costs."""
+def gain_lines(results: list[ModeResult], ceiling: Ceiling) -> list[str]:
+    """Each AMP row's gains next to its matmul ceiling (what the rest of the step costs), or
+    what the matmul ratio is where it bounds nothing."""
     return [f"{r.mode}: training {r.train_speedup:.2f}x, inference {r.infer_speedup:.2f}x, "
-            f"of a {r.matmul_ceiling:.2f}x matmul ceiling"
-            for r in results if r.matmul_ceiling is not None]
+            f"{ceiling.describe(r.amp_dtype, r.train_speedup)}"
+            for r in results if r.amp_dtype in ceiling.low_dtypes]
 
 
 def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
@@ -339,7 +342,7 @@ def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
     return "\n".join([
         text, "", "Ceiling: matmul GFLOP/s, median (quartile range), measured in this run",
         *ceiling.lines(), "", "AMP gain against fp32 (t_fp32 / t_mode), next to the best matmul "
-        "ratio of its dtype", *gain_lines(results)])
+        "ratio of its dtype", *gain_lines(results, ceiling)])
 
 
 def _compile_text(r: ModeResult) -> str:
@@ -391,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"error: {err}\n")
     if args.strict_fp32:
         set_strict_fp32(True)
-    ceiling = matmul_ceiling(info, SIZES[preset.name])
+    # each model's fp32 matmul row as its own fp32 baseline runs: TF32 as its convolutions
+    # (ConvModel) or its matmuls (transformer) may use it now
+    ceiling = matmul_ceiling(info, SIZES[preset.name], FP32_LIKE[args.model])
     if args.model == "transformer":
         results, _ = run_transformer_benchmark(info, preset, progress=not args.no_progress)
     else:

@@ -361,6 +361,58 @@ def has_autocast_kernel(aten: str, device_type: str) -> bool | None:
     return bool(has_kernel(aten, f"Autocast{device_type.upper()}"))
 
 
+def native_functions_yaml() -> Path | None:
+    """The installed torch's ``native_functions.yaml`` (packaged with torchgen), or None."""
+    try:
+        import torchgen
+    except ImportError:
+        return None
+    path = Path(torchgen.__file__).parent / "packaged/ATen/native/native_functions.yaml"
+    return path if path.is_file() else None
+
+
+@cache
+def _yaml_dispatch_keys(op: str) -> frozenset[str] | None:
+    """The dispatch keys ``native_functions.yaml`` gives ``op``'s own kernels (``MPS`` in
+    ``MPS: _mps_linear``; a structured op's are its ``.out`` delegate's), read line by line;
+    None where the file or the op is not found."""
+    path = native_functions_yaml()
+    if path is None:
+        return None
+    lines = iter(path.read_text(encoding="utf-8").splitlines())
+    for line in lines:
+        if line.startswith(f"- func: {op}("):
+            break
+    else:
+        return None
+    keys: set[str] = set()
+    for line in lines:
+        if line.startswith("- func:"):
+            break
+        if line.startswith("  structured_delegate:"):  # addmm's kernels are addmm.out's
+            return _yaml_dispatch_keys(line.split(":", 1)[1].strip())
+        if line.startswith("    ") and ":" in line:  # "    MPS, CUDA: kernel" under dispatch:
+            keys.update(k.strip() for k in line.split(":")[0].split(","))
+    return frozenset(keys)
+
+
+def has_backend_kernel(op: str, device_type: str) -> bool | None:
+    """Whether ``aten::op`` has a kernel of its own for ``device_type`` (``MPS: _mps_linear`` for
+    ``linear``), so a dispatch mode sees ``op`` there instead of what its CompositeImplicitAutograd
+    body calls (``linear`` -> ``addmm``). Read from the dispatcher's registry and, for backends this
+    build does not register (MPS in a CUDA or CPU build), from the installed
+    ``native_functions.yaml``; None where neither can answer.
+    """
+    key = {"cuda": "CUDA", "cpu": "CPU", "mps": "MPS", "xpu": "XPU"}.get(device_type,
+                                                                       device_type.upper())
+    has_kernel = getattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", None)
+    registered = bool(has_kernel(f"aten::{op}", key)) if has_kernel else None
+    listed = _yaml_dispatch_keys(op)
+    if registered is None and listed is None:
+        return None
+    return bool(registered) or key in (listed or ())
+
+
 def registered_ops(rows: list[OpPolicy], device_type: str) -> dict[str, bool] | None:
     """Whether this torch build registers an autocast kernel for each op on ``device_type``.
 
@@ -510,13 +562,28 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 with FakeTensorMode():
     torch.empty(2, device={device_type!r}, requires_grad=True).exp()
+    torch.empty(2, device={device_type!r}).uniform_()  # a model's random init
 """
+
+
+def _fake_random_problem(device_type: str) -> str | None:
+    """None if a layer's random init runs on fake ``device_type`` tensors, else the error: on
+    torch 2.9 fake ``uniform_`` runs its Python decomposition, which starts the real CUDA
+    generator, so a CUDA build without a driver raises (2.11 and 2.14 do not; probed here).
+    """
+    try:
+        with fake_tensors():
+            torch.empty(2, device=device_type).uniform_()
+    except RuntimeError as err:  # torch.AcceleratorError is one
+        return str(err).splitlines()[0]
+    return None
 
 
 @cache
 def fake_autograd_problem(device_type: str) -> str | None:
-    """None if autograd runs on fake ``device_type`` tensors here, else why not (a child's error):
-    fake CUDA needs a CUDA build of torch (a GPU is not needed); a CPU-only build has none.
+    """None if autograd and a model's random init run on fake ``device_type`` tensors here, else
+    why not (a child's error): fake CUDA needs a CUDA build of torch (a GPU is not needed; on
+    torch 2.9 a driver is, for the random init); a CPU-only build has none.
 
     Autograd asks the device's guard for a stream for every tensor it records; without the guard
     that is a C++ terminate, which no ``except`` can catch, so the try runs in a subprocess
@@ -524,7 +591,7 @@ def fake_autograd_problem(device_type: str) -> str | None:
     """
     if device_type in available_devices() or (
             device_type == "cuda" and torch.backends.cuda.is_built()):  # a GPU-less CUDA build too
-        return None
+        return _fake_random_problem(device_type)
     done = subprocess.run([sys.executable, "-c", _FAKE_AUTOGRAD_CHECK.format(
         device_type=device_type)], capture_output=True, text=True, timeout=300)
     if done.returncode == 0:

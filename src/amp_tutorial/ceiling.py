@@ -5,16 +5,23 @@ operations. Timed per call (device synchronised, warm-up untimed, median and int
 ``measure.StepTimer``), that gives GFLOP/s per dtype, and ``t_fp32 / t_low`` is the fastest a
 matmul-bound step can get from the low-precision dtype on this device: the *ceiling* a model's AMP
 gain is read against. The rest of a step (elementwise ops, casts, the optimizer) gains less.
+
+Two cases where the ratio is no ceiling, and the report says so instead of calling it one: a CPU
+that emulates bf16 (there the timed ``a @ b`` and a model's convolutions take different slow
+paths, so a model can beat the figure), and timings whose spread is a large share of their median
+(a busy machine), where the ratio is noise.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 
-from amp_tutorial.device import DeviceInfo, dtype_name
+from amp_tutorial.device import DeviceInfo, dtype_name, has_fp32_precision_api, tf32_state
 from amp_tutorial.measure import StepTimer, Timing
 
 # Two sizes per preset: big enough to reach the device's matmul rate, small enough to finish in
@@ -22,6 +29,11 @@ from amp_tutorial.measure import StepTimer, Timing
 # `smoke` measures as `small` does: at 64² and 128² the call overhead swamped the matmul (a run
 # printed a 60x "ceiling"), and 512² costs a native CPU milliseconds.
 SIZES = {"paper": (4096, 8192), "cpu": (1024, 2048), "small": (256, 512), "smoke": (256, 512)}
+# A rate whose interquartile range is more than this share of its median is noise, not a rate
+NOISY_SPREAD = 0.25
+# What each course model's fp32 baseline spends its time in, so its fp32 matmul row runs as that
+# baseline does on CUDA: TF32 for convolutions (cuDNN's default), IEEE fp32 for matmuls (cuBLAS's)
+FP32_LIKE = {"conv": "convolutions", "transformer": "matmuls"}
 
 
 def matmul_flops(n: int) -> int:
@@ -48,30 +60,59 @@ class MatmulRate:
         return (matmul_flops(self.n) / self.timing.q3 / 1e9,
                 matmul_flops(self.n) / self.timing.q1 / 1e9)
 
+    @property
+    def spread(self) -> float:
+        """The interquartile range of the call times as a share of their median."""
+        return self.timing.iqr / self.timing.median
+
+    @property
+    def noisy(self) -> bool:
+        """True when the spread is so wide that the median says little (a busy machine)."""
+        return self.spread > NOISY_SPREAD
+
+
+@contextmanager
+def cuda_matmul_tf32(allow: bool) -> Iterator[None]:
+    """Let CUDA's fp32 matmuls use TF32 (or not) inside the block, and restore the setting after.
+
+    Read and written with the API this torch has: from torch 2.9 ``cuda.matmul.fp32_precision``;
+    there, reading the legacy ``cudnn.allow_tf32`` after ``set_strict_fp32`` set the new
+    ``cudnn.conv.fp32_precision`` raises ("a mix of the legacy and new APIs"). Needs no GPU.
+    """
+    matmul = torch.backends.cuda.matmul
+    if has_fp32_precision_api():
+        previous = matmul.fp32_precision
+        matmul.fp32_precision = "tf32" if allow else "ieee"
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = previous
+        return
+    previous = matmul.allow_tf32
+    matmul.allow_tf32 = allow
+    try:
+        yield
+    finally:
+        matmul.allow_tf32 = previous
+
 
 def matmul_rate(n: int, dtype: torch.dtype, device: torch.device | str, steps: int = 20,
-                warmup: int = 3, budget_s: float = 2.0) -> MatmulRate:
+                warmup: int = 3, budget_s: float = 2.0, tf32: bool = False) -> MatmulRate:
     """Time ``a @ b`` for random n x n ``dtype`` matrices: ``warmup`` untimed calls, then up to
     ``steps`` timed ones, stopping early (after at least 3) once ``budget_s`` seconds are spent.
+    ``tf32``: a CUDA fp32 matmul runs in TF32, as a baseline whose TF32 is on computes.
     """
     generator = torch.Generator(device="cpu").manual_seed(0)
     a, b = (torch.randn(n, n, generator=generator).to(device, dtype) for _ in range(2))
     timer = StepTimer(device, warmup=warmup)
-    # fp32 as the fp32 baseline computes: on CUDA its convolutions run in TF32 by default
-    # (cudnn.allow_tf32) while matmuls do not (cuda.matmul.allow_tf32), so time the matmul as the
-    # convolutions run, or an Ampere+ GPU's "ceiling" compares bf16 with IEEE fp32
-    previous = torch.backends.cuda.matmul.allow_tf32
-    if torch.device(device).type == "cuda" and dtype == torch.float32:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32
-    try:
+    on_cuda = torch.device(device).type == "cuda" and dtype == torch.float32
+    with cuda_matmul_tf32(tf32) if on_cuda else nullcontext():
         start = time.perf_counter()
         while timer.steps_seen < warmup + steps:
             with timer.step():
                 a @ b
             if len(timer.samples) >= 3 and time.perf_counter() - start > budget_s:
                 break
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
     return MatmulRate(n, dtype_name(dtype), timer.timing)
 
 
@@ -99,10 +140,15 @@ def ceiling_dtypes(info: DeviceInfo) -> tuple[list[torch.dtype], list[str]]:
 
 @dataclass(frozen=True)
 class Ceiling:
-    """fp32 and low-precision matmul rates at each size, with the ratios they give."""
+    """fp32 and low-precision matmul rates at each size, with the ratios they give.
+
+    ``emulated``: the low dtypes this device only emulates (bf16 on a CPU without its
+    instructions), whose ratio is how a plain matmul fares there and bounds no model's gain.
+    """
 
     rates: tuple[MatmulRate, ...]
     notes: tuple[str, ...] = ()
+    emulated: tuple[str, ...] = ()
 
     def rate(self, n: int, dtype: str) -> MatmulRate:
         return next(r for r in self.rates if r.n == n and r.dtype == dtype)
@@ -120,23 +166,60 @@ class Ceiling:
         return self.rate(n, "fp32").timing.median / self.rate(n, dtype).timing.median
 
     def best_ratio(self, dtype: str) -> float:
-        """The highest ratio over the measured sizes: the most a matmul-bound step can gain."""
+        """The highest ratio over the measured sizes, noisy or not."""
         return max(self.ratio(n, dtype) for n in self.sizes)
 
+    def quiet_sizes(self, dtype: str) -> list[int]:
+        """The sizes where neither the fp32 nor the ``dtype`` rate is noise."""
+        return [n for n in self.sizes
+                if not (self.rate(n, "fp32").noisy or self.rate(n, dtype).noisy)]
+
+    def why_no_ceiling(self, dtype: str) -> str | None:
+        """None where the ratio is a ceiling for ``dtype``; else, in words, why it is not one."""
+        if dtype in self.emulated:
+            return (f"{dtype} is emulated on this device, so the timed matmul and a model's "
+                    "convolutions take different slow paths and a model can beat the figure")
+        if not self.quiet_sizes(dtype):
+            spread = max(self.rate(n, d).spread for n in self.sizes for d in ("fp32", dtype))
+            return (f"the matmul timings were noise (quartile range up to {spread:.0%} of the "
+                    "median; a busy machine?): measure again when it is quiet")
+        return None
+
+    def ceiling(self, dtype: str) -> float | None:
+        """The most a matmul-bound step can gain from ``dtype`` here: the best ratio over the
+        sizes whose timings are not noise; None where ``why_no_ceiling`` gives a reason."""
+        if self.why_no_ceiling(dtype):
+            return None
+        return max(self.ratio(n, dtype) for n in self.quiet_sizes(dtype))
+
+    def describe(self, dtype: str, gain: float | None = None) -> str:
+        """The words after a model's gain: "of a 2.20x matmul ceiling (93%)", or what the ratio
+        is where it is not a ceiling."""
+        top = self.ceiling(dtype)
+        if top is None:
+            return (f"no matmul ceiling ({dtype} matmul {self.best_ratio(dtype):.2f}x fp32 "
+                    f"here, but {self.why_no_ceiling(dtype)})")
+        share = f" ({gain / top:.0%})" if gain is not None else ""
+        return f"of a {top:.2f}x matmul ceiling{share}"
+
     def as_dict(self) -> dict[str, object]:
-        """Plain numbers for JSON: each rate with its spread, and each ratio."""
+        """Plain numbers for JSON: each rate with its spread, each ratio and each ceiling."""
         return {
             "rates": [{"n": r.n, "dtype": r.dtype, "gflops": r.gflops,
                        "gflops_q3_q1": list(r.gflops_range), "median_s": r.timing.median,
-                       "iqr_s": r.timing.iqr, "calls": len(r.timing.samples)}
+                       "iqr_s": r.timing.iqr, "calls": len(r.timing.samples), "noisy": r.noisy}
                       for r in self.rates],
             "ratios": {d: {str(n): self.ratio(n, d) for n in self.sizes}
                        for d in self.low_dtypes},
+            "ceilings": {d: self.ceiling(d) for d in self.low_dtypes},
+            "not_a_ceiling": {d: why for d in self.low_dtypes
+                              if (why := self.why_no_ceiling(d))},
             "notes": list(self.notes),
         }
 
     def lines(self) -> list[str]:
-        """One line per size: each dtype's GFLOP/s (median, quartile range) and its ratio."""
+        """One line per size: each dtype's GFLOP/s (median, quartile range; three significant
+        digits, as an emulated dtype runs below 1) and its ratio; a noisy rate is marked so."""
         out = []
         for n in self.sizes:
             parts = []
@@ -144,16 +227,27 @@ class Ceiling:
                 r = self.rate(n, dtype)
                 low, high = r.gflops_range
                 ratio = "" if dtype == "fp32" else f", {self.ratio(n, dtype):.2f}x fp32"
-                parts.append(f"{dtype} {r.gflops:.0f} ({low:.0f}-{high:.0f}){ratio}")
+                noise = f", NOISY: spread {r.spread:.0%} of the median" if r.noisy else ""
+                parts.append(f"{dtype} {r.gflops:.3g} ({low:.3g}-{high:.3g}{noise}){ratio}")
             out.append(f"matmul {n}x{n}: " + "; ".join(parts))
         return out + list(self.notes)
 
 
 def matmul_ceiling(info: DeviceInfo, sizes: tuple[int, ...] = SIZES["cpu"],
-                   **rate_options: float) -> Ceiling:
+                   fp32_like: str = "convolutions", **rate_options: float) -> Ceiling:
     """fp32 and every low-precision dtype's matmul rate at each size, measured now on
-    ``info.device``, interleaved size by size so the ratios come from the same minutes."""
+    ``info.device``, interleaved size by size so the ratios come from the same minutes.
+
+    ``fp32_like``: what the model's fp32 baseline spends its time in ("convolutions" or
+    "matmuls", ``FP32_LIKE``); on CUDA the fp32 matmul uses TF32 exactly when that kind of op
+    may now (``device.tf32_state``: by default convolutions do, matmuls do not).
+    """
     dtypes, notes = ceiling_dtypes(info)
-    rates = [matmul_rate(n, dtype, info.device, **rate_options)
+    tf32 = tf32_state()[fp32_like]
+    if tf32 and info.type == "cuda":
+        notes.append(f"fp32: matmuls timed with TF32 allowed (Ampere and newer use it), as "
+                     f"this model's fp32 {fp32_like} run")
+    emulated = ("bf16",) if info.type == "cpu" and info.native_bf16 is False else ()
+    rates = [matmul_rate(n, dtype, info.device, tf32=tf32, **rate_options)
              for n in sizes for dtype in (torch.float32, *dtypes)]
-    return Ceiling(tuple(rates), tuple(notes))
+    return Ceiling(tuple(rates), tuple(notes), emulated)

@@ -1,10 +1,20 @@
-"""The matmul ceiling: the FLOP count, the ratio's direction, and what is measured on a CPU."""
+"""The matmul ceiling: the FLOP count, the ratio's direction, what is measured on a CPU, the
+TF32 flags it reads (as each model's fp32 baseline runs), and when a ratio is no ceiling."""
 
 import pytest
 import torch
 
-from amp_tutorial.ceiling import Ceiling, MatmulRate, ceiling_dtypes, matmul_ceiling, matmul_flops
-from amp_tutorial.device import select_device
+from amp_tutorial.ceiling import (
+    FP32_LIKE,
+    NOISY_SPREAD,
+    Ceiling,
+    MatmulRate,
+    ceiling_dtypes,
+    cuda_matmul_tf32,
+    matmul_ceiling,
+    matmul_flops,
+)
+from amp_tutorial.device import has_fp32_precision_api, select_device, set_strict_fp32, tf32_state
 from amp_tutorial.measure import Timing
 
 
@@ -52,3 +62,92 @@ def test_a_live_measurement_has_every_size_and_dtype():
     assert ceiling.sizes == [32, 64]
     assert ceiling.low_dtypes[0] == "bf16"
     assert all(len(r.timing.samples) == 3 and r.gflops > 0 for r in ceiling.rates)
+
+
+@pytest.fixture
+def tf32_flags():
+    """The TF32 settings as they are, restored after the test (they are process-wide)."""
+    names = [(torch.backends.cudnn.conv, "fp32_precision"),
+             (torch.backends.cuda.matmul, "fp32_precision")]
+    saved = [getattr(obj, attr) for obj, attr in names]
+    yield
+    for (obj, attr), value in zip(names, saved, strict=True):
+        setattr(obj, attr, value)
+
+
+@pytest.mark.skipif(not has_fp32_precision_api(), reason="torch < 2.9 has only allow_tf32")
+def test_strict_fp32_leaves_the_legacy_cudnn_flag_unreadable(tf32_flags):
+    # why the ceiling may not read torch.backends.cudnn.allow_tf32: after the new API set the
+    # convolutions to ieee (and cuDNN's RNNs stay tf32), the legacy flag refuses to answer
+    set_strict_fp32(True)
+    with pytest.raises(RuntimeError, match="legacy and new APIs"):
+        torch.backends.cudnn.allow_tf32  # noqa: B018
+    assert tf32_state() == {"convolutions": False, "matmuls": False}  # read the new way
+
+
+def test_a_strict_fp32_ceiling_measures_without_raising(tf32_flags):
+    # the branch `bench --strict-fp32` takes (issue 33: it raised on every CUDA GPU); the flags
+    # are process-wide and need no GPU, so the CPU runs the same reads
+    set_strict_fp32(True)
+    for model, fp32_like in FP32_LIKE.items():
+        ceiling = matmul_ceiling(select_device("cpu"), (32,), fp32_like, steps=3, warmup=1)
+        assert ceiling.sizes == [32], model
+    assert torch.backends.cudnn.conv.fp32_precision == "ieee"  # strict is left as it was set
+
+
+def test_the_fp32_row_runs_tf32_as_each_model_s_baseline_does(tf32_flags):
+    set_strict_fp32(False)  # PyTorch's defaults: TF32 convolutions, IEEE fp32 matmuls
+    before = torch.backends.cuda.matmul.fp32_precision
+    allow = {model: tf32_state()[fp32_like] for model, fp32_like in FP32_LIKE.items()}
+    assert allow == {"conv": True, "transformer": False}
+    with cuda_matmul_tf32(allow["conv"]):
+        assert tf32_state()["matmuls"] is True  # the ConvModel's fp32 matmul row: TF32
+    assert torch.backends.cuda.matmul.fp32_precision == before  # put back exactly ("none")
+    with cuda_matmul_tf32(allow["transformer"]):
+        assert tf32_state()["matmuls"] is False
+    set_strict_fp32(True)
+    assert not any(tf32_state()[like] for like in FP32_LIKE.values())  # strict: no TF32 anywhere
+
+
+def _ceiling(times: dict[tuple[int, str], tuple[float, ...]], emulated=()) -> Ceiling:
+    return Ceiling(tuple(MatmulRate(n, d, Timing(t)) for (n, d), t in times.items()),
+                   emulated=emulated)
+
+
+QUIET = {(256, "fp32"): (0.010, 0.010, 0.011), (256, "bf16"): (0.005, 0.005, 0.005),
+         (512, "fp32"): (0.080, 0.081, 0.080), (512, "bf16"): (0.050, 0.050, 0.051)}
+
+
+def test_an_emulated_dtype_s_ratio_is_not_called_a_ceiling():
+    # lesson 03 on a Zen 3 printed "training 0.22x, of a 0.07x matmul ceiling (317%)"
+    quiet = _ceiling(QUIET)
+    assert quiet.ceiling("bf16") == pytest.approx(2.0)
+    assert quiet.describe("bf16", 1.8) == "of a 2.00x matmul ceiling (90%)"
+    emulated = _ceiling(QUIET, emulated=("bf16",))
+    assert emulated.ceiling("bf16") is None
+    words = emulated.describe("bf16", 0.22)
+    assert words.startswith("no matmul ceiling (bf16 matmul 2.00x fp32 here")
+    assert "emulated" in words
+    assert emulated.as_dict()["ceilings"] == {"bf16": None}
+
+
+def test_a_rate_whose_spread_is_a_large_share_of_its_median_is_noise():
+    noisy = dict(QUIET)
+    noisy[(512, "fp32")] = (0.012, 0.200, 0.400)  # a busy machine: quartiles far apart
+    ceiling = _ceiling(noisy)
+    assert ceiling.rate(512, "fp32").noisy and not ceiling.rate(256, "fp32").noisy
+    assert ceiling.rate(512, "fp32").spread > NOISY_SPREAD
+    assert ceiling.quiet_sizes("bf16") == [256]
+    assert ceiling.ceiling("bf16") == pytest.approx(2.0)  # from the quiet size only
+    assert ceiling.best_ratio("bf16") == pytest.approx(4.0)  # the noisy size's, not used
+    assert "NOISY" in ceiling.lines()[1] and "NOISY" not in ceiling.lines()[0]
+    noisy[(256, "bf16")] = (0.001, 0.005, 0.050)
+    ceiling = _ceiling(noisy)
+    assert ceiling.ceiling("bf16") is None
+    assert "noise" in ceiling.describe("bf16")
+
+
+def test_bf16_is_marked_emulated_exactly_where_the_cpu_lacks_it():
+    info = select_device("cpu")
+    ceiling = matmul_ceiling(info, (32,), steps=3, warmup=1)
+    assert ("bf16" in ceiling.emulated) == (info.native_bf16 is False)
