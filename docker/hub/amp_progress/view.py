@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from progress_store import Attempt
+from amp_progress.store import Attempt
 
 REFRESH_SECONDS = 10
 
@@ -186,6 +186,7 @@ td.none {{ color: #999; text-align: center; }}
 tr.stuck > th {{ background: #fff3bf; }}
 .keys {{ font-family: monospace; font-size: .85em; }} .words {{ font-size: .85em; }}
 form {{ display: inline; }}
+.notice {{ background: #ffe0e0; padding: .5rem; border: 1px solid #c00; }}
 </style></head><body>
 <h1>Class progress</h1>
 <p>Signed in as {user}. Stuck learners first: most failed attempts on the exercise they are on,
@@ -194,19 +195,28 @@ then longest since a pass. Refreshes every {refresh} s.</p>
 <form method="post" action="{prefix}clear"
       onsubmit="return confirm('Delete every recorded attempt of the class?');">{xsrf}
 <button type="submit">Clear all attempts</button></form></p>
-<div id="class">{table}</div>
+{notice}<div id="class">{table}</div>
 <script>
-setInterval(async () => {{
-  const reply = await fetch("{prefix}table", {{credentials: "same-origin"}});
-  if (reply.ok) document.getElementById("class").innerHTML = await reply.text();
-}}, {refresh_ms});
+// The next fetch starts {refresh} s after the last one ended, never while one is under way.
+async function refresh() {{
+  try {{
+    const reply = await fetch("{prefix}table", {{credentials: "same-origin"}});
+    if (reply.ok) document.getElementById("class").innerHTML = await reply.text();
+  }} finally {{
+    setTimeout(refresh, {refresh_ms});
+  }}
+}}
+setTimeout(refresh, {refresh_ms});
 </script>
 </body></html>
 """
 
 
-def render_page(view: ClassView, now: datetime, user: str, prefix: str, xsrf_form: str) -> str:
+def render_page(view: ClassView, now: datetime, user: str, prefix: str, xsrf_form: str,
+                notice: str = "") -> str:
+    """The whole page; `notice` is a problem the instructor must know of (the store's)."""
     return PAGE.format(
+        notice=f'<p id="notice" class="notice">{html.escape(notice)}</p>' if notice else "",
         user=html.escape(user),
         refresh=REFRESH_SECONDS,
         refresh_ms=REFRESH_SECONDS * 1000,
