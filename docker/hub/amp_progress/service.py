@@ -59,6 +59,7 @@ class Service:
 
     store: Store | None
     problem: str = ""
+    hub_auth: HubOAuth | None = None  # the hub's HubOAuth (main), or one pointed at a test hub
     limiter: Limiter = field(default_factory=Limiter)
     max_rows: int = MAX_ROWS
     pool: ThreadPoolExecutor = field(
@@ -81,6 +82,8 @@ class Service:
 class Handler(HubOAuthenticated, web.RequestHandler):
     def initialize(self, service: Service) -> None:
         self.service = service
+        if service.hub_auth is not None:
+            self.hub_auth = service.hub_auth
 
     async def prepare(self) -> None:
         """Ask the hub who the token or cookie belongs to without blocking the loop (the sync
@@ -289,10 +292,10 @@ def serve(service: Service, prefix: str, host: str, port: int) -> httpserver.HTT
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="[%(name)s %(asctime)s] %(message)s")
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/amp-progress/")
-    HubOAuth.instance(cache_max_age=CACHE_MAX_AGE_S)  # the handlers' HubOAuth, from the hub's env
+    hub_auth = HubOAuth.instance(cache_max_age=CACHE_MAX_AGE_S)  # configured from the hub's env
     store, problem = open_store(os.environ.get("AMP_PROGRESS_DB", DEFAULT_DB))
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
-    serve(Service(store, problem), prefix, url.hostname, url.port)
+    serve(Service(store, problem, hub_auth=hub_auth), prefix, url.hostname, url.port)
     if store is None:
         log.error("progress service on %s WITHOUT a store: %s", url.geturl(), problem)
     else:

@@ -175,7 +175,7 @@ class Store:
             self._db.execute("VACUUM")  # the learners' messages leave the file too
         return deleted
 
-    def rows_after(self, rowid: int, limit: int = CSV_CHUNK) -> list[tuple]:
+    def rows_after(self, rowid: int, limit: int) -> list[tuple]:
         """Up to `limit` rows after `rowid`, in arrival order, each with its rowid first: the
         CSV export reads the table a piece at a time and never holds the lock for long."""
         with self._lock:
@@ -190,9 +190,9 @@ class Store:
         out = io.StringIO()
         writer = csv.writer(out)
         writer.writerow(CSV_FIELDS)
-        after = 0
+        after, chunk = 0, CSV_CHUNK
         while True:
-            rows = self.rows_after(after)
+            rows = self.rows_after(after, chunk)
             for rowid, *row in rows:
                 a = as_attempt(row)
                 writer.writerow([csv_safe(a.user), a.id, a.time, csv_safe(a.lesson),
@@ -202,7 +202,7 @@ class Store:
             yield out.getvalue()
             out.seek(0)
             out.truncate()
-            if len(rows) < CSV_CHUNK:
+            if len(rows) < chunk:
                 return
 
     def to_csv(self) -> str:
