@@ -24,6 +24,7 @@ import logging
 import os
 import secrets
 import sqlite3
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -38,7 +39,7 @@ from amp_progress.access import POST_SCOPE, READ_SCOPE, learner_of, may_read
 from amp_progress.limits import MAX_ROWS, Limiter
 from amp_progress.records import MAX_BODY_BYTES, BadPost, parse_post
 from amp_progress.store import Full, Store, open_store
-from amp_progress.view import ClassView, class_view, render_page, table_html
+from amp_progress.view import ClassView, LearnerPart, combine, learner_part, render_page, table_html
 
 log = logging.getLogger("amp-progress")
 MAX_STREAM_BYTES = 1024 * 1024  # read (and dropped) before a clean 413 or 401; past it, cut off
@@ -64,19 +65,33 @@ class Service:
     max_rows: int = MAX_ROWS
     pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(4, thread_name_prefix="amp-progress"))
-    _view: tuple[int, ClassView] | None = None
+    _parts: dict[str, LearnerPart] = field(default_factory=dict)
+    _seen: int = -1
+    _view: ClassView | None = None
+    _view_lock: threading.Lock = field(default_factory=threading.Lock)
 
     async def off_loop(self, function, *args) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, function, *args)
 
     def view(self) -> ClassView:
-        """The class view, recomputed only when the table changed (on the pool's threads)."""
-        if self.store is None:
-            return class_view([], utc_now())
-        version = self.store.version
-        if self._view is None or self._view[0] != version:
-            self._view = (version, class_view(self.store.attempts(), utc_now()))
-        return self._view[1]
+        """The class view (on the pool's threads): only the learners whose attempts changed
+        since the last view are read again, so one learner's flood costs at most their rows."""
+        with self._view_lock:
+            if self.store is None:
+                return combine([], utc_now())
+            if self._seen < 0:  # the first view: everyone
+                version, users = self.store.version, self.store.users()
+                self._parts = {}
+            else:
+                version, cleared, users = self.store.changes_since(self._seen)
+                if cleared:
+                    self._parts, users = {}, self.store.users()
+            for user in users:
+                self._parts[user] = learner_part(user, self.store.attempts_of(user))
+            if self._view is None or version != self._seen:
+                self._view = combine(self._parts.values(), utc_now())
+                self._seen = version
+            return self._view
 
 
 class Handler(HubOAuthenticated, web.RequestHandler):
@@ -105,6 +120,8 @@ class Handler(HubOAuthenticated, web.RequestHandler):
             if isinstance(error, web.HTTPError) and error.log_message
             else self._reason
         )
+        if getattr(error, "retry_after", None):  # 429, 503: when to try again
+            self.set_header("Retry-After", str(max(1, round(error.retry_after))))
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"status": status_code, "error": why}))
 
@@ -179,13 +196,6 @@ class AttemptsHandler(Handler):
             raise refuse(503, "the class's record cannot be written now; try later", 60) from None
         self.finish({"stored": stored, "acknowledged": [r["id"] for r in records]})
 
-    def send_error(self, status_code: int = 500, **kwargs: Any) -> None:
-        error = kwargs.get("exc_info", (None, None, None))[1]
-        if getattr(error, "retry_after", None) and not self._headers_written:
-            self.set_header("Retry-After", str(max(1, round(error.retry_after))))
-        super().send_error(status_code, **kwargs)
-
-
 class InstructorHandler(Handler):
     """The pages only READ_SCOPE reaches; anyone else signed in gets 403."""
 
@@ -193,7 +203,8 @@ class InstructorHandler(Handler):
 
     async def prepare(self) -> None:
         await super().prepare()
-        if self.current_user is not None and not may_read(self.current_user):
+        model = getattr(self, "_cached_hub_user", None)  # whom the hub named, allowed or not
+        if model is not None and not may_read(model):
             raise web.HTTPError(403, "the class's progress is for the instructor")
 
 
@@ -295,7 +306,9 @@ def main() -> None:
     hub_auth = HubOAuth.instance(cache_max_age=CACHE_MAX_AGE_S)  # configured from the hub's env
     store, problem = open_store(os.environ.get("AMP_PROGRESS_DB", DEFAULT_DB))
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
-    serve(Service(store, problem, hub_auth=hub_auth), prefix, url.hostname, url.port)
+    shared = Service(store, problem, hub_auth=hub_auth)
+    serve(shared, prefix, url.hostname, url.port)
+    shared.pool.submit(shared.view)  # the first page finds the class read already
     if store is None:
         log.error("progress service on %s WITHOUT a store: %s", url.geturl(), problem)
     else:

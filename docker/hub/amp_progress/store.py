@@ -79,6 +79,8 @@ class Store:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self.version = 0
+        self._changed: dict[str, int] = {}  # user -> the version of their last change
+        self._cleared_at = 0
         self._db = self._connect()
         self._inode = self._inode_now()
 
@@ -142,7 +144,9 @@ class Store:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
-            self.version += bool(added)
+            if added:
+                self.version += 1
+                self._changed[user] = self.version
             return added
 
     def _count(self, user: str) -> int:
@@ -161,6 +165,25 @@ class Store:
             ).fetchall()
         return [as_attempt(row) for row in rows]
 
+    def attempts_of(self, user: str) -> list[Attempt]:
+        """One learner's attempts (the index on (user, time) finds them)."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {COLUMNS} FROM attempts WHERE user = ? ORDER BY time", (user,)
+            ).fetchall()
+        return [as_attempt(row) for row in rows]
+
+    def users(self) -> list[str]:
+        with self._lock:
+            return [u for (u,) in self._db.execute("SELECT DISTINCT user FROM attempts")]
+
+    def changes_since(self, version: int) -> tuple[int, bool, list[str]]:
+        """(the version now, whether the table was cleared since `version`, the learners whose
+        attempts changed since): what a reader that saw `version` must read again."""
+        with self._lock:
+            return (self.version, self._cleared_at > version,
+                    [u for u, v in self._changed.items() if v > version])
+
     def count(self) -> int:
         with self._lock:
             return self._db.execute("SELECT count(*) FROM attempts").fetchone()[0]
@@ -171,6 +194,8 @@ class Store:
             self._still_on_disk()
             deleted = self._db.execute("DELETE FROM attempts").rowcount
             self.version += 1
+            self._cleared_at = self.version
+            self._changed.clear()
         with self._lock:
             self._db.execute("VACUUM")  # the learners' messages leave the file too
         return deleted
@@ -234,13 +259,18 @@ def open_store(path: str | Path) -> tuple[Store | None, str]:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     kept = path.with_name(f"{path.name}.unreadable-{stamp}")
     try:
+        moved = False
         for suffix in ("", "-wal", "-shm"):
             old = Path(f"{path}{suffix}")
-            if old.exists():
+            if old.is_file():
                 old.rename(Path(f"{kept}{suffix}"))
-        log.error("%s; kept as %s, started a fresh store", problem, kept)
-        return Store(path), f"{problem}; it was kept as {kept.name} and a fresh record started"
+                moved = True
+        fresh = Store(path)
     except (sqlite3.Error, OSError) as error:
         why = f"{problem}, and no fresh one could be started ({type(error).__name__}: {error})"
         log.error("%s: running without a store", why)
         return None, why
+    if moved:
+        problem += f"; it was kept as {kept.name} and a fresh record started"
+    log.error("%s", problem)
+    return fresh, problem
