@@ -101,8 +101,9 @@ def pending(path: Path) -> list[dict]:
     return records
 
 
-def post(url: str, token: str, records: list[dict], timeout: float = TIMEOUT_S) -> list[str]:
+def post(url: str, token: str, records: list[dict], timeout: float | None = None) -> list[str]:
     """POST one batch; the ids of the batch that the service acknowledged. Raises Unsent."""
+    timeout = TIMEOUT_S if timeout is None else timeout
     body = json.dumps({"attempts": [{k: r.get(k) for k in FIELDS} for r in records]}).encode()
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:

@@ -334,3 +334,30 @@ class TestTheLoopIsNeverBlocked(ServiceCase):
               f"({len(export.body) / 2**20:.1f} MiB), page again {again_s:.3f} s "
               f"({len(again.body) / 1024:.0f} KiB), slowest honest post "
               f"{max(s for s, _ in honest):.3f} s")
+
+
+class TestTheClientAgainstTheService(ServiceCase):
+    """amp_tutorial.class_sync, the learners' client, against the real handlers."""
+
+    @gen_test(timeout=60)
+    async def test_a_refused_record_is_set_aside_and_the_rest_arrive_once(self) -> None:
+        from amp_tutorial import class_sync
+
+        path = self.tmp / "ada/attempts.jsonl"
+        path.parent.mkdir()
+        honest = [record(), record(message="lone \ud800 surrogate"), record()]
+        poisoned = record(exercise="not_in_the_course")
+        with path.open("w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in [honest[0], poisoned, *honest[1:]])
+        url = self.get_url(PREFIX + "api/attempts")
+        loop = asyncio.get_running_loop()
+        sent = await loop.run_in_executor(None, class_sync.send_pending, path, url, "ada-token")
+        assert sent == 3
+        assert sorted(a.id for a in self.stored()) == sorted(r["id"] for r in honest)
+        [aside] = class_sync.refused_path(path).read_text().splitlines()
+        assert aside.startswith(f"{poisoned['id']} 400 ") and "course's exercises" in aside
+        later = record()
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(later) + "\n")
+        again = await loop.run_in_executor(None, class_sync.send_pending, path, url, "ada-token")
+        assert again == 1 and len(self.stored()) == 4  # the next attempt arrives, once
