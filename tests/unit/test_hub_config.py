@@ -210,6 +210,8 @@ def test_hub_compose_file_is_valid_and_closed_by_default(compose_cli: None) -> N
     assert config["course"]["image"] == "amp-tutorial:rocm"
     assert config["hub"]["environment"]["AMP_HUB_IMAGE"] == "amp-tutorial:rocm"
     assert config["hub"]["environment"]["AMP_HUB_PRESET"] == ""  # unset: the hub's default
+    assert config["hub"]["logging"] == {  # the hub's log is rotated: it cannot fill the disk
+        "driver": "json-file", "options": {"max-size": "10m", "max-file": "3"}}
     chosen = json.loads(run([*hub_compose_command("amp-hub"), "config", "--format", "json"],
                             env=clean_env(AMP_HUB_ADMIN="teacher", AMP_HUB_PRESET="smoke"),
                             ).stdout)["services"]["hub"]["environment"]
