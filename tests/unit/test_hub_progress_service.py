@@ -202,6 +202,14 @@ class TestAttemptsHandler(ServiceCase):
         assert any("POST /services/amp-progress/api/attempts" in line for line in logged.output)
 
 
+class TestHubDown(ServiceCase):
+    def test_when_the_hub_cannot_check_a_token_the_answer_is_503_not_500(self) -> None:
+        self.hub_server.stop()
+        self.service.hub_auth.api_url = "http://127.0.0.1:9/hub/api"  # nothing listens there
+        reply = self.post(body(record()))
+        assert reply.code == 503 and int(reply.headers["Retry-After"]) > 0
+
+
 class TestLimits(ServiceCase):
     max_rows = 5
 

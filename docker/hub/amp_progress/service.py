@@ -103,7 +103,11 @@ class Handler(HubOAuthenticated, web.RequestHandler):
     async def prepare(self) -> None:
         """Ask the hub who the token or cookie belongs to without blocking the loop (the sync
         get_current_user that tornado calls afterwards reads this answer)."""
-        await self.hub_auth.get_user(self, sync=False)
+        try:
+            await self.hub_auth.get_user(self, sync=False)
+        except web.HTTPError as error:  # the hub did not answer: busy, not broken, so try later
+            log.warning("the hub could not say who a token belongs to: %s", error.log_message)
+            raise refuse(503, "the hub cannot check tokens now; try later", 30) from None
 
     def set_default_headers(self) -> None:
         # The page's Clear button is not to be clicked through a frame of another site.
