@@ -93,6 +93,9 @@ c.DockerSpawner.environment = {
 c.DockerSpawner.cpu_limit = float(setting("AMP_HUB_CPU_LIMIT", "4"))
 c.DockerSpawner.mem_limit = setting("AMP_HUB_MEM_LIMIT", "8G")
 c.DockerSpawner.start_timeout = 180
+# After its container starts, a learner's server must answer within this: JupyterHub's 30 s
+# default was seen to run out on a loaded 2-core machine (2026-11-26), which stops the server.
+c.Spawner.http_timeout = 120
 c.Spawner.default_url = "/lab"
 
 # user -> GPU, in `each` mode, for the servers this hub started. It lives in memory: after a hub
