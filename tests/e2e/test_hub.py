@@ -648,14 +648,14 @@ def test_a_poisoned_record_is_set_aside_and_later_attempts_still_arrive(
 
 
 def test_a_flooding_learner_beside_an_honest_class(workshop: Class) -> None:
-    """scripts/progress_load.py against this hub: 10 learners checking 20 times each beside one
+    """scripts/progress_load.py against this hub: 20 learners checking 25 times each beside one
     who floods: every honest attempt stored once, none slower than 3 s, the flooder refused (429)
     and held to the row cap, the page under 1 s and small."""
     progress_load = load_program("progress_load")
     try:
         figures = progress_load.main(["--hub", workshop.hub.url, "--token",
-                                      workshop.tokens["teacher"], "--learners", "10",
-                                      "--attempts", "20", "--flooders", "1", "--json"])
+                                      workshop.tokens["teacher"], "--learners", "20",
+                                      "--attempts", "25", "--flooders", "1", "--json"])
     except SystemExit as failed:  # its figures are printed above
         pytest.fail(f"scripts/progress_load.py failed: {failed}")
     assert figures["stored_exactly_once"] and figures["failed_posts"] == 0, figures
