@@ -140,9 +140,10 @@ def refuse(status: int, why: str, retry_after: float | None = None) -> web.HTTPE
 class AttemptsHandler(Handler):
     """A learner's server posts its attempts here, with its token. Who posts, and whether they
     may now, is decided before the body is read; the body is then read as it comes and kept only
-    up to MAX_BODY_BYTES (a longer one is read to its end and dropped, so that the proxy passes on
-    a clean answer, not a broken connection). Past MAX_STREAM_BYTES the server closes the
-    connection."""
+    when they may, up to MAX_BODY_BYTES. A refused or too long body is read to its end and dropped
+    before the answer, so that the proxy passes on a clean 401/413/429, not a broken connection
+    (an answer sent while the proxy still writes the body reached the client as the proxy's 503).
+    Past MAX_STREAM_BYTES the server closes the connection."""
 
     hub_scopes = None  # every identified token comes in; access.learner_of decides
 
@@ -151,7 +152,15 @@ class AttemptsHandler(Handler):
 
     async def prepare(self) -> None:
         self.body, self.too_big, self.user = bytearray(), 0, None
-        await super().prepare()
+        self.refusal: web.HTTPError | None = None
+        try:
+            await super().prepare()
+            self.user = self.learner()
+        except web.HTTPError as error:  # answered once the body is in: see the class's words
+            self.refusal = error
+
+    def learner(self) -> str:
+        """Who posts, if they may post now; raises the refusal otherwise."""
         model = self.current_user
         if model is None:
             raise refuse(401, "post with a learner server's token (Authorization: token)")
@@ -165,7 +174,7 @@ class AttemptsHandler(Handler):
         wait = self.service.limiter.post(user)
         if wait:
             raise refuse(429, "too many posts from this learner; try later", wait)
-        self.user = user
+        return user
 
     def data_received(self, chunk: bytes) -> None:
         if self.user is None or self.too_big or len(self.body) + len(chunk) > MAX_BODY_BYTES:
@@ -174,6 +183,8 @@ class AttemptsHandler(Handler):
             self.body += chunk
 
     async def post(self) -> None:
+        if self.refusal is not None:
+            raise self.refusal
         user = self.user
         if self.too_big:
             raise refuse(413, f"the post is over {MAX_BODY_BYTES} bytes")
