@@ -38,7 +38,7 @@ from tornado import httpserver, ioloop, web
 from amp_progress.access import POST_SCOPE, READ_SCOPE, learner_of, may_read
 from amp_progress.limits import MAX_ROWS, Limiter
 from amp_progress.records import MAX_BODY_BYTES, BadPost, parse_post
-from amp_progress.store import Full, Store, open_store
+from amp_progress.store import CSV_FIELDS, Full, Store, open_store
 from amp_progress.view import ClassView, LearnerPart, combine, learner_part, render_page, table_html
 
 log = logging.getLogger("amp-progress")
@@ -249,7 +249,7 @@ class CsvHandler(InstructorHandler):
         self.set_header("Content-Type", "text/csv; charset=utf-8")
         self.set_header("Content-Disposition", f'attachment; filename="attempts-{stamp}.csv"')
         store = self.service.store
-        pieces = iter(store.csv_pieces() if store else ["user,id\n"])
+        pieces = iter(store.csv_pieces() if store else [",".join(CSV_FIELDS) + "\r\n"])
         while (piece := await self.service.off_loop(next, pieces, None)) is not None:
             self.write(piece)
             await self.flush()  # one piece in memory at a time
