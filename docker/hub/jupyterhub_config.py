@@ -26,7 +26,7 @@ from pathlib import Path
 import hub_gpus
 import hub_presets
 import nativeauthenticator
-import progress_access
+from amp_progress import access as progress_access
 
 c = get_config()  # noqa: F821 -- provided by JupyterHub when it loads this file
 
@@ -93,6 +93,9 @@ c.DockerSpawner.environment = {
 c.DockerSpawner.cpu_limit = float(setting("AMP_HUB_CPU_LIMIT", "4"))
 c.DockerSpawner.mem_limit = setting("AMP_HUB_MEM_LIMIT", "8G")
 c.DockerSpawner.start_timeout = 180
+# After its container starts, a learner's server must answer within this: JupyterHub's 30 s
+# default was seen to run out on a loaded 2-core machine (2026-11-26), which stops the server.
+c.Spawner.http_timeout = 120
 c.Spawner.default_url = "/lab"
 
 # user -> GPU, in `each` mode, for the servers this hub started. It lives in memory: after a hub
@@ -119,7 +122,7 @@ c.Spawner.pre_spawn_hook = give_gpus
 c.Spawner.post_stop_hook = release_gpu
 
 # --- Idle servers are stopped by jupyterhub-idle-culler, a service of the hub ---
-# --- The class's exercise attempts: the amp-progress service (progress_*.py, docs/workshop.md) ---
+# --- The class's exercise attempts: the amp-progress service (amp_progress/, docs/workshop.md) ---
 # Learners hold a custom scope to post their own attempts, and their servers' tokens get it on top
 # of the default `server` scopes, nothing more; only the admin's role reads the page.
 c.JupyterHub.custom_scopes = progress_access.custom_scopes()
@@ -136,9 +139,12 @@ c.JupyterHub.services = [{
 }, {
     "name": progress_access.SERVICE,
     "url": f"http://127.0.0.1:{progress_access.PORT}",
-    "command": [sys.executable, "/etc/jupyterhub/progress_service.py"],  # the Dockerfile puts it
-    # on the hub's volume, beside the hub's database: kept across restarts
-    "environment": {"AMP_PROGRESS_DB": "/srv/jupyterhub/progress.sqlite"},
+    # the package the Dockerfile copies to /etc/jupyterhub (on the service's PYTHONPATH); its
+    # store is on the hub's volume, beside the hub's database: kept across restarts. A store it
+    # cannot read is set aside and a fresh one started: the service never stops the hub.
+    "command": [sys.executable, "-m", "amp_progress"],
+    "environment": {"AMP_PROGRESS_DB": "/srv/jupyterhub/progress.sqlite",
+                    "PYTHONPATH": "/etc/jupyterhub"},
     "oauth_client_allowed_scopes": [progress_access.READ_SCOPE],
     "oauth_no_confirm": True,
 }]

@@ -2,4 +2,5 @@
 lesson is, its metadata, the README's run-time table), the lab launcher (``lab``), the handout
 that runs and renders the course (``handout``), the swapping-in of reference answers
 (``answers``), and the GPU memory each lesson needs, counted on a CPU (``memory``, with what it
-runs inside a lesson's kernel in ``live_memory``)."""
+runs inside a lesson's kernel in ``live_memory``), and the list of graded exercises and mistake
+keys the workshop hub's progress service takes (``exercise_manifest``)."""

@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 import pytest
 import requests
 
-from tests.support import ROOT, runnable_lesson
+from tests.support import ROOT, load_program, runnable_lesson
 from tests.support.docker_env import (
     LAYOUTS,
     clean_env,
@@ -406,7 +406,7 @@ def test_a_lesson_runs_in_a_learners_container_at_the_hubs_preset(workshop: Clas
 
 
 # ---------------------------------------------------------------------------------------------
-# The class's progress: the amp-progress service (docker/hub/progress_*.py)
+# The class's progress: the amp-progress service (docker/hub/amp_progress)
 # ---------------------------------------------------------------------------------------------
 
 PROGRESS = "/services/amp-progress/"
@@ -548,7 +548,13 @@ def test_a_learner_gets_403_and_a_stranger_the_sign_in_page(workshop: Class,
     assert ada is not None
     assert ada.get(f"{hub.url}{PROGRESS}", timeout=60).status_code == 403
     assert hub.api("GET", PROGRESS + "attempts.csv", workshop.tokens["ada"]).status_code == 403
-    assert hub.api("POST", PROGRESS + "clear", workshop.tokens["ada"]).status_code == 403
+    # Clear: refused for who asks, before any XSRF check (the teacher's token gets another 403)
+    cleared = hub.api("POST", PROGRESS + "clear", workshop.tokens["ada"])
+    assert cleared.status_code == 403 and "for the instructor" in cleared.text, cleared.text
+    by_token = hub.api("POST", PROGRESS + "clear", workshop.tokens["teacher"])
+    assert by_token.status_code == 403 and "not an API" in by_token.text, by_token.text
+    ada_clears = ada.post(f"{hub.url}{PROGRESS}clear", timeout=60)
+    assert ada_clears.status_code == 403 and "for the instructor" in ada_clears.text
     stranger = hub.session().get(f"{hub.url}{PROGRESS}", timeout=60)
     assert stranger.status_code == 200 and urlparse(stranger.url).path == "/hub/login"
 
@@ -597,6 +603,90 @@ def test_the_class_record_survives_a_hub_restart_and_late_attempts_arrive_once(
     assert 'data-user="ada"' in page.text and 'data-user="bob"' in page.text
     tries = sum(r["user"] == "bob" and r["exercise"] == "autocast_settings" for r in rows)
     assert tries >= 3 and f"{tries} attempts" in page.text  # Bob's, each once
+
+
+# Runs in Ada's container as her checks do: a record the service refuses (an exercise the course
+# does not have), records that once got a 500 (a lone surrogate, a time in the year 1), then a
+# real check; prints what was sent, what waits and what was set aside.
+POISON_AND_CHECK = """
+import json, uuid
+from datetime import datetime, timezone
+from amp_tutorial import class_sync
+from amp_tutorial.exercises.autocast_settings import check_autocast_settings
+from amp_tutorial.progress import attempts_path, read_attempts
+path = attempts_path()
+def rec(**fields):
+    return dict({"id": uuid.uuid4().hex, "time": datetime.now(timezone.utc).isoformat(),
+                 "lesson": "01", "exercise": "autocast_settings", "passed": False,
+                 "keys": ["raised"], "message": "words"}, **fields)
+poison = [rec(exercise="not_in_the_course"), rec(message="lone \\ud800 surrogate"),
+          rec(time="0001-01-01T00:00:00+01:00")]
+with path.open("a", encoding="utf-8") as f:
+    f.writelines(json.dumps(r) + "\\n" for r in poison)
+result = check_autocast_settings(autocast_settings)
+sent = class_sync.send_pending(path)
+print(json.dumps({"poison": [r["id"] for r in poison], "check": read_attempts(path)[-1]["id"],
+                  "sent": sent, "pending": len(class_sync.pending(path)),
+                  "refused": class_sync.refused_path(path).read_text().splitlines()}))
+"""
+
+
+def test_a_poisoned_record_is_set_aside_and_later_attempts_still_arrive(
+        workshop: Class, checked: dict[str, dict[str, Any]]) -> None:
+    hub, admin = workshop.hub, workshop.tokens["teacher"]
+    found = run(["docker", "exec", "--workdir", "/home/learner/work", f"{hub.prefix}-ada",
+                 "python", "-c", WRONG_ANSWER + POISON_AND_CHECK], timeout=120)
+    result = json.loads(found.stdout.strip().splitlines()[-1])
+    refused, surrogate, year_one = result["poison"]
+    assert result["pending"] == 0, result  # nothing waits: the client did not stall
+    assert [line.split()[:2] for line in result["refused"]] == [[refused, "400"]], result
+    ids = {r["id"]: r for r in class_csv(hub, admin) if r["user"] == "ada"}
+    assert {surrogate, year_one, result["check"]} <= set(ids) and refused not in ids
+    assert ids[year_one]["time"] > "2026"  # clamped to a week before the hub's clock at most
+    print(f"\npoisoned: {len(result['refused'])} set aside, {result['sent']} sent, "
+          f"{result['pending']} pending")
+
+
+def test_a_flooding_learner_beside_an_honest_class(workshop: Class) -> None:
+    """scripts/progress_load.py against this hub: 20 learners checking 25 times each beside one
+    who floods: every honest attempt stored once, none slower than 3 s, the flooder refused (429)
+    and held to the row cap, the page under 1 s and small."""
+    progress_load = load_program("progress_load")
+    try:
+        figures = progress_load.main(["--hub", workshop.hub.url, "--token",
+                                      workshop.tokens["teacher"], "--learners", "20",
+                                      "--attempts", "25", "--flooders", "1", "--json"])
+    except SystemExit as failed:  # its figures are printed above
+        pytest.fail(f"scripts/progress_load.py failed: {failed}")
+    assert figures["stored_exactly_once"] and figures["failed_posts"] == 0, figures
+    assert figures["posts_under_client_timeout"] and figures["page_under_1s"], figures
+    assert figures["flooders_held"] and figures["flood_answers"].get("429", 0) > 0, figures
+    assert figures["page_kib"] < 512, figures
+
+
+def test_a_corrupt_store_at_start_leaves_the_hub_serving(workshop: Class) -> None:
+    """The progress file is overwritten with garbage and the hub restarted: the hub serves its
+    sign-in page, the service its page with the notice, and the file is kept aside. (Next to
+    last: the class's record is set aside with it.)"""
+    hub, admin = workshop.hub, workshop.tokens["teacher"]
+    hub.compose("stop", "hub", timeout=180)
+    hub.compose("run", "--rm", "--no-deps", "-T", "--entrypoint", "sh", "hub", "-c",
+                "cd /srv/jupyterhub && rm -f progress.sqlite-wal progress.sqlite-shm"
+                " && head -c 65536 /dev/urandom > progress.sqlite", timeout=180)
+    began = time.monotonic()
+    hub.up()
+    login = hub.session().get(f"{hub.url}/hub/login", timeout=30)
+    assert login.status_code == 200 and 'href="/hub/signup"' in login.text
+    wait_for(lambda: hub.api("GET", PROGRESS, admin).status_code == 200, 60, "the service")
+    up_s = time.monotonic() - began
+    page = hub.api("GET", PROGRESS, admin).text
+    assert 'id="notice"' in page and "unreadable" in page, page[:2000]
+    kept = hub.compose("exec", "-T", "hub", "sh", "-c",
+                       "ls /srv/jupyterhub/ | grep -c 'progress.sqlite.unreadable-'").stdout
+    assert int(kept.strip()) >= 1
+    post = post_attempts(hub, server_token(hub, "ada"), b'{"attempts": []}')
+    assert post.status_code == 200, post.text  # the fresh record takes posts
+    print(f"\ncorrupt store: hub and service serving {up_s:.1f} s after the start")
 
 
 def test_an_idle_server_is_culled(workshop: Class) -> None:

@@ -48,7 +48,7 @@ def load_hub_config(monkeypatch: pytest.MonkeyPatch, **env: str) -> Config:
                         **env}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.syspath_prepend(str(HUB_DIR))
-    for module in ("hub_gpus", "hub_presets", "progress_access"):
+    for module in ("hub_gpus", "hub_presets", "amp_progress", "amp_progress.access"):
         monkeypatch.delitem(sys.modules, module, raising=False)
     # The hub image has NativeAuthenticator; the test environment does not need it: the config
     # only asks where its templates are.
@@ -210,6 +210,8 @@ def test_hub_compose_file_is_valid_and_closed_by_default(compose_cli: None) -> N
     assert config["course"]["image"] == "amp-tutorial:rocm"
     assert config["hub"]["environment"]["AMP_HUB_IMAGE"] == "amp-tutorial:rocm"
     assert config["hub"]["environment"]["AMP_HUB_PRESET"] == ""  # unset: the hub's default
+    assert config["hub"]["logging"] == {  # the hub's log is rotated: it cannot fill the disk
+        "driver": "json-file", "options": {"max-size": "10m", "max-file": "3"}}
     chosen = json.loads(run([*hub_compose_command("amp-hub"), "config", "--format", "json"],
                             env=clean_env(AMP_HUB_ADMIN="teacher", AMP_HUB_PRESET="smoke"),
                             ).stdout)["services"]["hub"]["environment"]
@@ -220,9 +222,9 @@ def test_hub_compose_file_is_valid_and_closed_by_default(compose_cli: None) -> N
 
 def test_learners_servers_may_post_attempts_and_only_the_admin_reads_them(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The progress service's grants (docker/hub/progress_access.py): the servers' tokens get the
-    default `server` scopes plus the post scope, nothing else; the read scope goes to the admin's
-    role alone, and the service's OAuth tokens may carry it."""
+    """The progress service's grants (docker/hub/amp_progress/access.py): the servers' tokens get
+    the default `server` scopes plus the post scope, nothing else; the read scope goes to the
+    admin's role alone, and the service's OAuth tokens may carry it."""
     c = load_hub_config(monkeypatch)
     post, read = "custom:amp-progress:post", "custom:amp-progress:read"
     assert set(c.JupyterHub.custom_scopes) == {post, read}
@@ -236,10 +238,10 @@ def test_learners_servers_may_post_attempts_and_only_the_admin_reads_them(
     service = {s["name"]: s for s in c.JupyterHub.services}["amp-progress"]
     assert service["oauth_client_allowed_scopes"] == [read]
     assert service["environment"]["AMP_PROGRESS_DB"].startswith("/srv/jupyterhub/")  # the volume
-    assert service["command"][-1] == "/etc/jupyterhub/progress_service.py"
-    copied = (HUB_DIR / "Dockerfile").read_text()
-    for module in sorted(HUB_DIR.glob("progress_*.py")):  # the image has every module it runs
-        assert f"docker/hub/{module.name}" in copied
+    assert service["command"][-2:] == ["-m", "amp_progress"]
+    assert service["environment"]["PYTHONPATH"] == "/etc/jupyterhub"
+    copied = (HUB_DIR / "Dockerfile").read_text()  # the package, course.json included
+    assert "COPY docker/hub/amp_progress/ /etc/jupyterhub/amp_progress/" in copied
     url = c.DockerSpawner.environment["AMP_PROGRESS_URL"]
     assert url == "http://hub:8000/services/amp-progress/api/attempts"
     assert c.DockerSpawner.environment["AMP_TUTORIAL_WORKSPACE"] == "/home/learner/work"

@@ -1,6 +1,7 @@
-"""The hub's progress service without a hub: its store (docker/hub/progress_store.py), what it
-accepts (progress_input.py), who may do what (progress_access.py) and the instructor's view and
-its order (progress_view.py). The service wired into a real hub is tests/e2e/test_hub.py."""
+"""The hub's progress service without a hub, module by module (docker/hub/amp_progress): its store,
+what it accepts (records, course), its limits, who may do what (access) and the instructor's view
+and its order (view). Its handlers are tests/unit/test_hub_progress_service.py; the service wired
+into a real hub is tests/e2e/test_hub.py."""
 
 from __future__ import annotations
 
@@ -17,17 +18,19 @@ import pytest
 
 from tests.support.docker_env import HUB_DIR
 
-sys.path.insert(0, str(HUB_DIR))  # the service's modules import each other, as in the hub image
-import progress_access  # noqa: E402
-import progress_input  # noqa: E402
-import progress_store  # noqa: E402
-import progress_view  # noqa: E402
+if str(HUB_DIR) not in sys.path:  # the service's package, as the hub image has it
+    sys.path.insert(0, str(HUB_DIR))
+from amp_progress import access as progress_access  # noqa: E402
+from amp_progress import course, limits  # noqa: E402
+from amp_progress import records as progress_input  # noqa: E402
+from amp_progress import store as progress_store  # noqa: E402
+from amp_progress import view as progress_view  # noqa: E402
 
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
 
 
 def record(exercise: str = "autocast_settings", passed: bool = False, minutes_ago: float = 10,
-           keys: tuple[str, ...] = ("cpu-float16",), message: str = "cpu: float16 on the CPU.",
+           keys: tuple[str, ...] = ("fp16-on-cpu",), message: str = "cpu: float16 on the CPU.",
            lesson: str = "01", **extra: object) -> dict:
     when = (NOW - timedelta(minutes=minutes_ago)).isoformat().replace("+00:00", "Z")
     return {"id": uuid.uuid4().hex, "time": when, "lesson": lesson, "exercise": exercise,
@@ -97,11 +100,103 @@ def test_the_csv_export_has_every_attempt_and_runs_no_formula(
     store.add("ada", parse(post(formula, passed)), "t")
     rows = list(csv.DictReader(io.StringIO(store.to_csv())))
     assert [r["passed"] for r in rows] == ["no", "yes"]
-    assert rows[0]["message"] == "'=HYPERLINK(1)" and rows[0]["keys"] == "cpu-float16"
+    assert rows[0]["message"] == "'=HYPERLINK(1)" and rows[0]["keys"] == "fp16-on-cpu"
     assert set(rows[0]) == set(progress_store.CSV_FIELDS)
+    store.add("=cmd|' /C calc'!A0", parse(post(record())), "t")  # an admitted user's odd name
+    [odd] = [r for r in csv.DictReader(io.StringIO(store.to_csv())) if "calc" in r["user"]]
+    assert odd["user"].startswith("'=")
+
+
+def test_the_csv_comes_in_pieces_with_every_row_once(store: progress_store.Store,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(progress_store, "CSV_CHUNK", 7)
+    for user in ("ada", "bob", "cyd"):
+        store.add(user, parse(post(*(record() for _ in range(10)))), "t")
+    pieces = list(store.csv_pieces())
+    assert len(pieces) == 5  # 30 rows, 7 at a time: 4 full pieces and a short last one
+    rows = list(csv.DictReader(io.StringIO("".join(pieces))))
+    assert len({(r["user"], r["id"]) for r in rows}) == len(rows) == 30
+
+
+def test_a_learner_over_the_row_cap_stores_nothing_of_that_post(
+        store: progress_store.Store) -> None:
+    store.add("ada", parse(post(*(record() for _ in range(8)))), "t", max_rows=10)
+    again = parse(post(*(record() for _ in range(3))))
+    with pytest.raises(progress_store.Full):
+        store.add("ada", again, "t", max_rows=10)
+    assert store.count_of("ada") == 8  # all or nothing
+    assert store.add("ada", again[:2], "t", max_rows=10) == 2
+    assert store.add("ada", again[:2], "t", max_rows=10) == 0  # a resend at the cap: no error
+    assert store.add("bob", again, "t", max_rows=10) == 3  # the cap is per learner
+
+
+def test_an_unreadable_store_is_set_aside_and_a_fresh_one_started(tmp_path: Path) -> None:
+    path = tmp_path / "progress.sqlite"
+    path.write_bytes(b"not a database, " * 512)
+    opened, problem = progress_store.open_store(path)
+    assert opened is not None and opened.count() == 0
+    [kept] = tmp_path.glob("progress.sqlite.unreadable-*")
+    assert kept.read_bytes().startswith(b"not a database") and kept.name in problem
+    assert opened.add("ada", parse(post(record())), "t") == 1
+    opened.close()
+
+
+def test_a_store_that_cannot_be_made_leaves_the_service_degraded(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("a regular file where the store's folder should be")
+    opened, problem = progress_store.open_store(blocker / "progress.sqlite")
+    assert opened is None and "could not be opened" in problem
+
+
+def test_a_store_deleted_while_running_is_written_back_before_the_next_write(
+        store: progress_store.Store) -> None:
+    store.add("ada", parse(post(record(), record())), "t")
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{store.path}{suffix}").unlink(missing_ok=True)
+    store.add("bob", parse(post(record())), "t")
+    path = store.path
+    store.close()
+    again = progress_store.Store(path)  # as after a restart
+    assert sorted(a.user for a in again.attempts()) == ["ada", "ada", "bob"]
+    again.close()
+
+
+# --- how much one learner may send ------------------------------------------------------
+
+def test_the_rate_limit_lets_a_burst_through_then_refills() -> None:
+    now = [0.0]
+    limiter = limits.Limiter(posts=limits.Rate(3, 1.0), records=limits.Rate(10, 2.0),
+                             clock=lambda: now[0])
+    assert [limiter.post("ada") for _ in range(3)] == [0, 0, 0]
+    assert limiter.post("ada") == pytest.approx(1.0)  # a second until the next post
+    assert limiter.post("bob") == 0  # per learner
+    now[0] += 1.0
+    assert limiter.post("ada") == 0
+    assert limiter.records_of("ada", 10) == 0
+    assert limiter.records_of("ada", 4) == pytest.approx(2.0)
+    now[0] += 2.0
+    assert limiter.records_of("ada", 4) == 0
+
+
+def test_an_honest_learner_stays_under_the_limits_a_flooder_hits_them_at_once() -> None:
+    """Honest: a 100-record backlog after an outage, then a check every 2 s for half an hour.
+    A flood: 200-record posts back to back."""
+    now = [0.0]
+    limiter = limits.Limiter(clock=lambda: now[0])
+    assert limiter.post("ada") == 0 and limiter.records_of("ada", 100) == 0
+    for _ in range(900):
+        now[0] += 2.0
+        assert limiter.post("ada") == 0 and limiter.records_of("ada", 1) == 0
+    accepted = sum(limiter.post("eve") == 0 and limiter.records_of("eve", 200) == 0
+                   for _ in range(100))
+    assert accepted == limits.RECORDS.burst // 200
+    assert 100 + 900 < limits.MAX_ROWS
 
 
 # --- what a post may hold ------------------------------------------------------------
+
+LONG_NAME = "x" * 255_000  # a learner-sent value far longer than any reply may quote
+
 
 @pytest.mark.parametrize("body, status, why", [
     (b"{not json", 400, "not JSON"),
@@ -111,16 +206,19 @@ def test_the_csv_export_has_every_attempt_and_runs_no_formula(
     (post(record(), extra=1), 400, "unexpected"),
     (post({"id": "x"}), 400, "lacks"),
     (post(record(id="../../etc")), 400, "id"),
-    (post(record(lesson="1")), 400, "lesson"),
-    (post(record(exercise="<script>")), 400, "exercise"),
+    (post(record(lesson="1")), 400, "course's exercises"),
+    (post(record(exercise="<script>")), 400, "course's exercises"),
+    (post(record(exercise="made_up_exercise_0001")), 400, "course's exercises"),
+    (post(record(lesson="02")), 400, "course's exercises"),  # a real name, in another lesson
     (post(record(passed="yes")), 400, "passed"),
-    (post(record(keys=("a b",))), 400, "keys"),
-    (post(record(keys=tuple(f"k{i}" for i in range(21)))), 400, "keys"),
+    (post(record(keys=("a b",))), 400, "course's mistakes"),
+    (post(record(keys=("made-up-mistake",))), 400, "course's mistakes"),
+    (post(record(keys=["fp16-on-cpu"] * 21)), 400, "keys"),
     (post(record(message="x" * 401)), 400, "message"),
+    (post(record(extra_field="x")), 400, "fields"),
     (post(record(time="yesterday")), 400, "time"),
     (post(record(time="2026-11-26T11:00:00")), 400, "zone"),
-    (post(record(minutes_ago=-3 * 24 * 60)), 400, "future"),
-    (post(*(record() for _ in range(501))), 413, "at most 500"),
+    (post(*(record() for _ in range(201))), 413, "at most 200"),
     (b" " * (progress_input.MAX_BODY_BYTES + 1), 413, "bytes"),
     (post(record(), user="bob"), 403, "cannot post for 'bob'"),
     (post(record(), record(user="bob")), 403, "names 'bob'"),
@@ -132,9 +230,66 @@ def test_a_bad_post_is_refused_whole_with_a_4xx(body: bytes, status: int, why: s
     assert refused.value.status == status
 
 
+@pytest.mark.parametrize("body", [
+    post(record(), user=LONG_NAME), post(record(user=LONG_NAME)),
+    post(record(exercise=LONG_NAME[:60])), post(record(keys=(LONG_NAME,))),
+])
+def test_a_refusal_quotes_at_most_a_few_characters_of_what_was_sent(body: bytes) -> None:
+    with pytest.raises(progress_input.BadPost) as refused:
+        parse(body)
+    assert len(str(refused.value)) < 200 and "x" * 40 not in str(refused.value)
+
+
+@pytest.mark.parametrize("sent, stored", [
+    ((NOW + timedelta(hours=23, minutes=59)).isoformat(), "2026-11-26T12:00:00+00:00"),
+    ("9999-12-31T23:59:59-01:00", "2026-11-26T12:00:00+00:00"),
+    ("0001-01-01T00:00:00+01:00", "2026-11-19T12:00:00+00:00"),  # a 500 before: now a week ago
+    ("2026-11-26T13:30:00+02:00", "2026-11-26T11:30:00+00:00"),  # honest, in another zone
+])
+def test_times_are_clamped_to_the_servers_clock(sent: str, stored: str) -> None:
+    [checked] = parse(post(record(time=sent)))
+    assert checked["time"] == stored
+
+
+def test_a_lone_surrogate_in_the_message_is_stored_not_a_500(
+        store: progress_store.Store) -> None:
+    body = post(record(message="bad \ud800 byte"))
+    assert b"\\ud800" in body  # valid JSON, but not text SQLite can hold
+    records = parse(body)
+    assert records[0]["message"] == "bad \ufffd byte"
+    assert store.add("ada", records, "t") == 1 and store.attempts()[0].message == "bad \ufffd byte"
+
+
+def test_the_course_manifest_is_what_the_course_defines_now() -> None:
+    """course.json is generated from the checkers (course_tools.exercise_manifest): a checker's
+    new key or exercise without a regenerated file fails here."""
+    from course_tools import exercise_manifest
+
+    assert course.MANIFEST.read_text(encoding="utf-8") == exercise_manifest.text(), (
+        "run: python -m course_tools.exercise_manifest")
+    assert ("01", "autocast_settings") in course.COURSE.exercises
+    assert ("06", "quiz") in course.COURSE.exercises
+    assert {"device-type-hard-coded-cuda", "raised", "timed-out", "question-1-wrong"} <= (
+        course.COURSE.keys)
+    assert "cpu" not in course.COURSE.keys  # DEVICE_TYPE = "cpu" is a setting, not a mistake
+
+
+def test_every_key_a_checker_names_is_one_the_service_takes() -> None:
+    """Lesson 01's checker on a wrong answer: each key it records passes the service's check."""
+    from amp_tutorial.exercises.autocast_settings import check_autocast_settings
+
+    def hard_coded(device):
+        import torch
+        return "cuda", torch.float16, True
+
+    result = check_autocast_settings(hard_coded)
+    assert result.keys and result.keys <= course.COURSE.keys, result.keys
+
+
 def test_a_good_post_is_normalised() -> None:
-    [checked] = parse(post(record(keys=("b", "a", "b"), message="two\n  lines", user="ada")))
-    assert checked["keys"] == ["a", "b"] and checked["message"] == "two lines"
+    keys = ("wrong-order", "raised", "wrong-order")
+    [checked] = parse(post(record(keys=keys, message="two\n  lines", user="ada")))
+    assert checked["keys"] == ["raised", "wrong-order"] and checked["message"] == "two lines"
     assert checked["time"] == "2026-11-26T11:50:00+00:00" and "user" not in checked
 
 
@@ -192,20 +347,21 @@ def test_stuck_learners_come_first_most_failures_then_longest_since_a_pass() -> 
 
 def test_the_most_common_mistake_counts_learners_first() -> None:
     attempts = stored(
-        ("ada", record(keys=("no-scaler",), message="ada's words")),
-        ("ada", record(keys=("no-scaler",), message="ada's words")),
-        ("ada", record(keys=("no-scaler",), message="ada's words")),
-        ("bob", record(keys=("cpu-float16",), message="bob's words", minutes_ago=3)),
-        ("cyd", record(keys=("cpu-float16", "no-scaler"), message="cyd's words", minutes_ago=2)),
+        ("ada", record(keys=("no-scaler-with-fp16",), message="ada's words")),
+        ("ada", record(keys=("no-scaler-with-fp16",), message="ada's words")),
+        ("ada", record(keys=("no-scaler-with-fp16",), message="ada's words")),
+        ("bob", record(keys=("fp16-on-cpu",), message="bob's words", minutes_ago=3)),
+        ("cyd", record(keys=("fp16-on-cpu", "no-scaler-with-fp16"), message="cyd's words",
+                       minutes_ago=2)),
     )
     mistake = progress_view.class_view(attempts, NOW).mistakes[("01", "autocast_settings")]
-    assert (mistake.key, mistake.learners, mistake.attempts) == ("no-scaler", 2, 4)
+    assert (mistake.key, mistake.learners, mistake.attempts) == ("no-scaler-with-fp16", 2, 4)
     assert mistake.words == "cyd's words"  # the latest words said for it
 
 
 def test_the_page_shows_each_cell_and_escapes_what_learners_sent() -> None:
     attempts = stored(("ada", record(passed=True)),
-                      ("bob", record(keys=("cpu-float16",), message="<b>float16</b> on CPU")))
+                      ("bob", record(keys=("fp16-on-cpu",), message="<b>float16</b> on CPU")))
     page = progress_view.render_page(progress_view.class_view(attempts, NOW), NOW,
                                      "teacher", "/services/amp-progress/", "<input>")
     assert "&lt;b&gt;float16&lt;/b&gt; on CPU" in page and "<b>float16</b>" not in page

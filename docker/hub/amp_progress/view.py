@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from progress_store import Attempt
+from amp_progress.store import Attempt
 
 REFRESH_SECONDS = 10
 
@@ -73,17 +73,26 @@ def seconds_between(earlier: str, later: datetime) -> float:
     return (later - datetime.fromisoformat(earlier)).total_seconds()
 
 
-def class_view(attempts: Iterable[Attempt], now: datetime) -> ClassView:
-    """Learners by exercises, ordered stuck first (see the module's docstring)."""
-    learners: dict[str, Learner] = {}
-    key_learners: dict[tuple[str, str], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
-    key_attempts: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
-    key_words: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)
+@dataclass
+class LearnerPart:
+    """One learner's share of the view, computed from their attempts alone, so that a change by
+    one learner re-reads only theirs: their row, and per exercise and problem key the failed
+    attempts that named it, with the latest words said for it (and when)."""
+
+    learner: Learner
+    attempts: int
+    keys: dict[tuple[str, str], dict[str, tuple[int, tuple[str, str, str], str]]]
+
+
+def learner_part(name: str, attempts: Iterable[Attempt]) -> LearnerPart:
+    """`name`'s row from their attempts (in any order)."""
+    learner: Learner | None = None
+    keys: dict[tuple[str, str], dict[str, tuple[int, tuple[str, str, str], str]]] = {}
     count = 0
     for a in sorted(attempts, key=lambda a: (a.time, a.received, a.id)):
         count += 1
         exercise = (a.lesson, a.exercise)
-        learner = learners.setdefault(a.user, Learner(a.user, first_seen=a.time))
+        learner = learner or Learner(name, first_seen=a.time)
         cell = learner.cells.setdefault(exercise, Cell())
         cell.attempts += 1
         learner.last_activity, learner.current = a.time, exercise
@@ -95,22 +104,49 @@ def class_view(attempts: Iterable[Attempt], now: datetime) -> ClassView:
         cell.failed_since_pass += 1
         cell.last_mistake, cell.last_keys = a.message, a.keys
         for key in a.keys:
-            key_learners[exercise][key].add(a.user)
-            key_attempts[exercise][key] += 1
-            key_words[exercise][key] = a.message
+            seen = keys.setdefault(exercise, {}).get(key, (0, ("", "", ""), ""))
+            keys[exercise][key] = (seen[0] + 1, (a.time, a.received, a.id), a.message)
+    return LearnerPart(learner or Learner(name), count, keys)
+
+
+def combine(parts: Iterable[LearnerPart], now: datetime) -> ClassView:
+    """The class from its learners' parts: stuck first, the most common mistakes."""
+    parts = [p for p in parts if p.attempts]
+    key_learners: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    key_attempts: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    key_words: dict[tuple[str, str], dict[str, tuple[tuple[str, str, str], str]]] = (
+        defaultdict(dict))
+    for part in parts:
+        for exercise, by_key in part.keys.items():
+            for key, (attempts, when, words) in by_key.items():
+                key_learners[exercise][key] += 1
+                key_attempts[exercise][key] += attempts
+                latest = key_words[exercise].get(key)
+                if latest is None or when > latest[0]:
+                    key_words[exercise][key] = (when, words)
     mistakes = {}
     for exercise, by_key in key_learners.items():
-        key = min(by_key, key=lambda k: (-len(by_key[k]), -key_attempts[exercise][k], k))
+        key = min(by_key, key=lambda k: (-by_key[k], -key_attempts[exercise][k], k))
         mistakes[exercise] = Mistake(
-            key, len(by_key[key]), key_attempts[exercise][key], key_words[exercise][key]
+            key, by_key[key], key_attempts[exercise][key], key_words[exercise][key][1]
         )
 
     def order(learner: Learner) -> tuple[int, float, str]:
         since = seconds_between(learner.last_pass or learner.first_seen, now)
         return (-learner.failed_on_current, -since if learner.stuck else 0.0, learner.name)
 
-    exercises = sorted({e for learner in learners.values() for e in learner.cells})
-    return ClassView(exercises, sorted(learners.values(), key=order), mistakes, count)
+    learners = [p.learner for p in parts]
+    exercises = sorted({e for learner in learners for e in learner.cells})
+    return ClassView(exercises, sorted(learners, key=order), mistakes,
+                     sum(p.attempts for p in parts))
+
+
+def class_view(attempts: Iterable[Attempt], now: datetime) -> ClassView:
+    """Learners by exercises, ordered stuck first (see the module's docstring)."""
+    by_user: dict[str, list[Attempt]] = defaultdict(list)
+    for a in attempts:
+        by_user[a.user].append(a)
+    return combine((learner_part(user, mine) for user, mine in by_user.items()), now)
 
 
 def ago(when: str, now: datetime) -> str:
@@ -186,6 +222,7 @@ td.none {{ color: #999; text-align: center; }}
 tr.stuck > th {{ background: #fff3bf; }}
 .keys {{ font-family: monospace; font-size: .85em; }} .words {{ font-size: .85em; }}
 form {{ display: inline; }}
+.notice {{ background: #ffe0e0; padding: .5rem; border: 1px solid #c00; }}
 </style></head><body>
 <h1>Class progress</h1>
 <p>Signed in as {user}. Stuck learners first: most failed attempts on the exercise they are on,
@@ -194,19 +231,28 @@ then longest since a pass. Refreshes every {refresh} s.</p>
 <form method="post" action="{prefix}clear"
       onsubmit="return confirm('Delete every recorded attempt of the class?');">{xsrf}
 <button type="submit">Clear all attempts</button></form></p>
-<div id="class">{table}</div>
+{notice}<div id="class">{table}</div>
 <script>
-setInterval(async () => {{
-  const reply = await fetch("{prefix}table", {{credentials: "same-origin"}});
-  if (reply.ok) document.getElementById("class").innerHTML = await reply.text();
-}}, {refresh_ms});
+// The next fetch starts {refresh} s after the last one ended, never while one is under way.
+async function refresh() {{
+  try {{
+    const reply = await fetch("{prefix}table", {{credentials: "same-origin"}});
+    if (reply.ok) document.getElementById("class").innerHTML = await reply.text();
+  }} finally {{
+    setTimeout(refresh, {refresh_ms});
+  }}
+}}
+setTimeout(refresh, {refresh_ms});
 </script>
 </body></html>
 """
 
 
-def render_page(view: ClassView, now: datetime, user: str, prefix: str, xsrf_form: str) -> str:
+def render_page(view: ClassView, now: datetime, user: str, prefix: str, xsrf_form: str,
+                notice: str = "") -> str:
+    """The whole page; `notice` is a problem the instructor must know of (the store's)."""
     return PAGE.format(
+        notice=f'<p id="notice" class="notice">{html.escape(notice)}</p>' if notice else "",
         user=html.escape(user),
         refresh=REFRESH_SECONDS,
         refresh_ms=REFRESH_SECONDS * 1000,
