@@ -241,7 +241,8 @@ fig = plot_bars(bars, f"Transformer training on {info.type}: fp32 vs AMP")
 # `_to_copy` casts autocast inserts. Here: one block, then the head and the loss, under autocast.
 
 # %%
-from amp_tutorial.autocast_policy import has_backend_kernel, trace_dtypes
+from amp_tutorial.autocast_policy import trace_dtypes
+from amp_tutorial.kernels import has_device_kernel
 
 amp_dtype = info.amp_dtype
 low = dtype_name(amp_dtype)
@@ -287,7 +288,7 @@ trace
 # %%
 # a linear layer reaches the kernels as addmm (linear's CompositeImplicitAutograd body), or as
 # linear itself where the device has its own kernel (MPS: _mps_linear in native_functions.yaml)
-linear_op = "linear" if has_backend_kernel("linear", info.type) else "addmm"
+linear_op = "linear" if has_device_kernel("aten::linear", info.type) else "addmm"
 assert any(t.op == linear_op and t.output == low for t in block_ops), "linear not lowered"
 sdpa = [t for t in block_ops if "scaled_dot_product" in t.op]
 if fused[f"AMP {low}"]:

@@ -47,9 +47,10 @@ from amp_tutorial.device import (
     select_device,
     set_strict_fp32,
 )
+from amp_tutorial.kernels import has_device_kernel
 from amp_tutorial.measure import op_dtype_rows, optimizer_step_events, saved_activation_bytes
 from amp_tutorial.models import course_models
-from amp_tutorial.op_profile import events_with_dtypes, has_device_kernel
+from amp_tutorial.op_profile import events_with_dtypes
 from amp_tutorial.plots import plot_op_times
 from amp_tutorial.presets import get_preset
 from amp_tutorial.reversal_task import sequence_loss

@@ -361,58 +361,6 @@ def has_autocast_kernel(aten: str, device_type: str) -> bool | None:
     return bool(has_kernel(aten, f"Autocast{device_type.upper()}"))
 
 
-def native_functions_yaml() -> Path | None:
-    """The installed torch's ``native_functions.yaml`` (packaged with torchgen), or None."""
-    try:
-        import torchgen
-    except ImportError:
-        return None
-    path = Path(torchgen.__file__).parent / "packaged/ATen/native/native_functions.yaml"
-    return path if path.is_file() else None
-
-
-@cache
-def _yaml_dispatch_keys(op: str) -> frozenset[str] | None:
-    """The dispatch keys ``native_functions.yaml`` gives ``op``'s own kernels (``MPS`` in
-    ``MPS: _mps_linear``; a structured op's are its ``.out`` delegate's), read line by line;
-    None where the file or the op is not found."""
-    path = native_functions_yaml()
-    if path is None:
-        return None
-    lines = iter(path.read_text(encoding="utf-8").splitlines())
-    for line in lines:
-        if line.startswith(f"- func: {op}("):
-            break
-    else:
-        return None
-    keys: set[str] = set()
-    for line in lines:
-        if line.startswith("- func:"):
-            break
-        if line.startswith("  structured_delegate:"):  # addmm's kernels are addmm.out's
-            return _yaml_dispatch_keys(line.split(":", 1)[1].strip())
-        if line.startswith("    ") and ":" in line:  # "    MPS, CUDA: kernel" under dispatch:
-            keys.update(k.strip() for k in line.split(":")[0].split(","))
-    return frozenset(keys)
-
-
-def has_backend_kernel(op: str, device_type: str) -> bool | None:
-    """Whether ``aten::op`` has a kernel of its own for ``device_type`` (``MPS: _mps_linear`` for
-    ``linear``), so a dispatch mode sees ``op`` there instead of what its CompositeImplicitAutograd
-    body calls (``linear`` -> ``addmm``). Read from the dispatcher's registry and, for backends this
-    build does not register (MPS in a CUDA or CPU build), from the installed
-    ``native_functions.yaml``; None where neither can answer.
-    """
-    key = {"cuda": "CUDA", "cpu": "CPU", "mps": "MPS", "xpu": "XPU"}.get(device_type,
-                                                                       device_type.upper())
-    has_kernel = getattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", None)
-    registered = bool(has_kernel(f"aten::{op}", key)) if has_kernel else None
-    listed = _yaml_dispatch_keys(op)
-    if registered is None and listed is None:
-        return None
-    return bool(registered) or key in (listed or ())
-
-
 def registered_ops(rows: list[OpPolicy], device_type: str) -> dict[str, bool] | None:
     """Whether this torch build registers an autocast kernel for each op on ``device_type``.
 

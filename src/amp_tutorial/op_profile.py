@@ -3,16 +3,14 @@
 A dtype on a tensor says what was stored, not which kernel computed it: the profiler's table of
 ATen ops (``torch.profiler``, ``key_averages()``) is the record of what ran, e.g. whether an FP8
 linear called ``aten::_scaled_mm`` or fell back to ``aten::mm``. Which kernel an op reaches on a
-device is in the dispatcher and in ``native_functions.yaml``: ``has_device_kernel`` reads both.
+device is in the dispatcher and in ``native_functions.yaml``: ``amp_tutorial.kernels``.
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import cache
 from pathlib import Path
 
 import torch
@@ -103,46 +101,3 @@ def cpu_scaled_mm_uses_onednn() -> bool:
             and cpu_has_amx_int8())
 
 
-@cache
-def _native_functions() -> str | None:
-    try:
-        import torchgen  # shipped inside every torch wheel, with the yaml under packaged/
-    except ImportError:
-        return None
-    path = Path(torchgen.__file__).parent / "packaged" / "ATen" / "native" / "native_functions.yaml"
-    return path.read_text() if path.is_file() else None
-
-
-def yaml_dispatch_keys(op: str) -> set[str] | None:
-    """The dispatch keys ``native_functions.yaml`` gives ``op`` (``"aten::linear"``), as shipped
-    with the installed torch (``torchgen/packaged``); None where the file or the op is missing.
-
-    The file lists kernels for every device, built or not: a Linux wheel has no MPS kernels in
-    its dispatcher, yet the yaml says ``linear`` has one (``MPS: _mps_linear``).
-    """
-    text = _native_functions()
-    name = op.removeprefix("aten::")
-    entry = re.search(rf"^- func: {re.escape(name)}\(.*?(?=^- func:|\Z)", text or "", re.M | re.S)
-    if entry is None:
-        return None
-    delegate = re.search(r"^  structured_delegate: (\S+)", entry.group(0), re.M)
-    if delegate is not None:  # e.g. addmm computes through addmm.out's kernels
-        return yaml_dispatch_keys(delegate.group(1))
-    block = re.search(r"^  dispatch:\n((?:    .*\n?)*)", entry.group(0), re.M)
-    if block is None:
-        return set()
-    return {key.strip() for line in block.group(1).splitlines()
-            for key in line.split(":")[0].split(",")}
-
-
-def has_device_kernel(op: str, device_type: str) -> bool:
-    """Whether ``op`` has a kernel of its own for ``device_type`` (e.g. ``aten::linear`` on MPS,
-    ``_mps_linear``), instead of decomposing into other ops (``addmm``/``mm`` on CPU and CUDA).
-
-    Asks the dispatcher (``torch._C._dispatch_has_kernel_for_dispatch_key``), which knows only the
-    devices this build was compiled for, and ``native_functions.yaml``, which lists them all.
-    """
-    key = device_type.upper() if device_type != "privateuseone" else "PrivateUse1"
-    if torch._C._dispatch_has_kernel_for_dispatch_key(op, key):
-        return True
-    return key in (yaml_dispatch_keys(op) or set())

@@ -194,23 +194,6 @@ def test_trace_dtypes_sees_the_casts_autocast_inserts():
     assert all(t.output == "fp32" for t in plain) and "_to_copy" not in [t.op for t in plain]
 
 
-def test_a_linear_layer_reaches_the_kernels_as_linear_only_where_the_device_has_its_own():
-    # lesson 12 picks the op a linear layer shows up as from this (issue 33: MPS has _mps_linear,
-    # so "linear not lowered" failed there); the CPU build's registry and its packaged
-    # native_functions.yaml answer for every device
-    registry = torch._C._dispatch_has_kernel_for_dispatch_key
-    assert registry("aten::linear", "CompositeImplicitAutograd")  # the body every device shares
-    assert not registry("aten::linear", "CPU") and registry("aten::addmm", "CPU")
-    found = {d: policy.has_backend_kernel("linear", d) for d in ("cpu", "cuda", "xpu", "mps")}
-    assert found == {"cpu": False, "cuda": False, "xpu": False, "mps": True}
-    if not torch.backends.mps.is_built():  # so MPS's answer came from the yaml, not the registry
-        assert not registry("aten::linear", "MPS")
-    assert policy.has_backend_kernel("addmm", "mps")  # a structured op: its addmm.out kernels
-    # and the CPU's answer is what a dispatch mode sees: addmm, not linear
-    ops = [t.op for t in trace_dtypes(lambda: torch.nn.Linear(4, 4)(torch.randn(2, 4)))]
-    assert "addmm" in ops and "linear" not in ops
-
-
 def _header_or_skip() -> dict[str, str]:
     rules = header_rules()
     if rules is None:

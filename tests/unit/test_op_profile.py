@@ -8,9 +8,7 @@ from amp_tutorial.op_profile import (
     cpu_has_amx_int8,
     cpu_scaled_mm_uses_onednn,
     events_with_dtypes,
-    has_device_kernel,
     op_counts,
-    yaml_dispatch_keys,
 )
 
 
@@ -74,16 +72,6 @@ def test_the_dtypes_filled_in_are_the_ones_torch_itself_gives() -> None:
     for event in prof.events():
         event.input_dtypes = None
     assert [e.input_dtypes for e in events_with_dtypes(prof)] == [d or [] for d in own]
-
-
-def test_linear_has_its_own_kernel_on_mps_only() -> None:
-    # native_functions.yaml: linear is CompositeImplicitAutograd (-> addmm/mm) except on MPS
-    assert "MPS" in yaml_dispatch_keys("aten::linear")
-    assert has_device_kernel("aten::linear", "mps")
-    assert not has_device_kernel("aten::linear", "cpu")
-    assert not has_device_kernel("aten::linear", "cuda")
-    assert has_device_kernel("aten::addmm", "cpu") and has_device_kernel("aten::addmm", "mps")
-    assert yaml_dispatch_keys("aten::no_such_op") is None
 
 
 def test_on_cpu_linear_computes_through_addmm() -> None:
