@@ -159,17 +159,3 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
     if file_path.suffix == ".py" and is_notebook(file_path):
         return Lesson.from_parent(parent, path=file_path)
     return None
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's ``--dist loadgroup``: a lesson's cells in one configuration
-    (torch release and dtype mode) stay in order on one worker, while its six configurations
-    spread over the workers; every other test file keeps to one worker, as ``loadfile`` did
-    (its module-scoped fixtures start a lab, an image or a hub once)."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        notebook = item.getparent(JupytextNotebook)
-        group = notebook.nodeid if notebook is not None else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
