@@ -7,8 +7,8 @@ nbval or the handout. The lesson's py:percent text is split into cells here (a l
 ``# %%`` opens a cell; ``[markdown]`` and ``[raw]`` cells are skipped), each exercise cell's source
 is replaced by its reference answer from ``solutions/`` (as ``course_tools.answers`` does), and the
 code cells are executed in order in one namespace, as a kernel would. ``IPython.display`` is
-replaced by a stand-in that prints (``display``, ``Markdown``, ``HTML``), so the run is the same with
-or without IPython installed; matplotlib draws on Agg and progress bars are off.
+replaced by a stand-in that prints (``display``, ``Markdown``, ``HTML``), so the run is the same
+with or without IPython installed; matplotlib draws on Agg and progress bars are off.
 
 Every code cell runs even after one raises (the first error is the lesson's verdict; a later
 ``NameError`` is usually its echo). After each cell the result file is rewritten, so a run killed
@@ -128,6 +128,9 @@ def install_display_stand_in() -> None:
 
     package = types.ModuleType("IPython")
     package.get_ipython = lambda: None  # pandas, tqdm and matplotlib ask whether a kernel runs
+    # matplotlib's canvas reads the version (backend_bases._fix_ipython_backend2gui); from 8.24
+    # IPython sets the backend itself, so matplotlib does nothing: right where there is no shell
+    package.version_info, package.__version__ = (8, 24, 0), "8.24.0"
     module = types.ModuleType("IPython.display")
     module.display, module.Markdown, module.HTML = display, Markdown, HTML
     package.display = module
