@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -229,6 +230,7 @@ class Run:
         self.out: Path = args.out
         self.out.mkdir(parents=True, exist_ok=True)
         self.budget = Budget(args.budget)
+        self._cpu_mark = children_cpu_seconds()
         self.env = child_env(args.device, args.preset)
         self.lessons = find_lessons(args.notebooks, args.lessons)
         self.verdict: dict[str, Any] = {
@@ -343,6 +345,7 @@ class Run:
                                                 or f"exit status {code}, no result"))
             return
         entry["max_memory_allocated"] = result.get("max_memory_allocated")
+        entry["cpu_s"] = result.get("cpu_s")
         entry["cells"] = result["cells"]
         counts = {s: sum(c["status"] == s for c in result["cells"])
                   for s in (PASSED, FAILED, "running", NOT_REACHED)}
@@ -402,8 +405,11 @@ class Run:
         self.part("bench", started, status)
 
     def part(self, name: str, started: float, status: str, detail: str = "") -> None:
+        cpu = children_cpu_seconds()
         self.verdict["parts"][name] = {"status": status, "detail": detail,
-                                       "seconds": round(self.budget.elapsed() - started, 1)}
+                                       "seconds": round(self.budget.elapsed() - started, 1),
+                                       "cpu_s": round(cpu - self._cpu_mark, 1)}
+        self._cpu_mark = cpu
         self.write()
 
     # -- verdict -------------------------------------------------------------------------------
@@ -426,6 +432,12 @@ class Run:
             tmp = self.out / f".{name}.tmp"
             tmp.write_text(text, encoding="utf-8")
             tmp.replace(self.out / name)
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds (user and system) of every child this process has waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def bench_name(model: str, strict: bool) -> str:
@@ -530,8 +542,9 @@ def peaks_outcome(lessons: list[dict[str, Any]], on_cuda: bool) -> tuple[str, st
 
 
 def combine(outcomes: list[tuple[str, str]]) -> tuple[str, str]:
-    """Failed if any failed (its detail), else not reached if any was, else passed."""
-    for status in (FAILED, NOT_REACHED):
+    """Failed if any failed (its detail), else not reached if any was, else not decidable if a
+    probe could not decide here, else passed."""
+    for status in (FAILED, NOT_REACHED, NOT_DECIDABLE):
         hit = [detail for s, detail in outcomes if s == status]
         if hit:
             return status, "; ".join(hit)
@@ -554,19 +567,20 @@ def render_markdown(verdict: dict[str, Any]) -> str:
         f"{', HIP ' + str(env['hip']) if env.get('hip') else ''}, Python {env.get('python')}, "
         f"CPU {env.get('cpu')}.", "",
         "Command: `" + " ".join(verdict["command"]) + "`", "",
-        "| part | status | seconds | detail |", "| --- | --- | --- | --- |",
-        *(f"| {name} | {p['status']} | {p['seconds']} | {_md(p['detail'])} |"
-          for name, p in verdict["parts"].items()), "",
+        "| part | status | seconds | CPU seconds | detail |", "| --- | --- | --- | --- | --- |",
+        *(f"| {name} | {p['status']} | {p['seconds']} | {p.get('cpu_s', '')} | "
+          f"{_md(p['detail'])} |" for name, p in verdict["parts"].items()), "",
         "## Lessons", "",
-        f"| lesson | status | seconds | peak `max_memory_allocated` (MiB) | header's CPU count at "
-        f"`{verdict['preset']}` (MiB) | first error |", "| --- | --- | --- | --- | --- | --- |"]
+        f"| lesson | status | seconds | CPU seconds | peak `max_memory_allocated` (MiB) | header's "
+        f"CPU count at `{verdict['preset']}` (MiB) | first error |",
+        "| --- | --- | --- | --- | --- | --- | --- |"]
     for e in verdict["lessons"]:
         peak = e.get("max_memory_allocated")
         peak_text = ", ".join(f"{d}: {b / 2**20:.0f}" for d, b in peak.items()) if peak else ""
         header = e.get("header_memory_mib")
         header_text = "" if header is None else f"{header:.0f}"
-        lines.append(f"| {e['lesson']} | {e['status']} | {e['seconds'] or ''} | {peak_text} | "
-                     f"{header_text} | {_md(e['detail'])} |")
+        lines.append(f"| {e['lesson']} | {e['status']} | {e['seconds'] or ''} | "
+                     f"{e.get('cpu_s') or ''} | {peak_text} | {header_text} | {_md(e['detail'])} |")
     lines += ["", "## Bench", "", "| run | status | seconds | result |",
               "| --- | --- | --- | --- |"]
     lines += [f"| {e['name']} | {e['status']} | {e['seconds'] or ''} | "

@@ -25,6 +25,7 @@ import json
 import linecache
 import os
 import re
+import resource
 import sys
 import time
 import traceback
@@ -184,6 +185,7 @@ def run_lesson(path: Path, result_path: Path, solutions: Path | None = None) -> 
 
     def write() -> None:
         result["seconds"] = round(time.perf_counter() - started, 3)
+        result["cpu_s"] = round(cpu_seconds(), 3)
         tmp = result_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")
         tmp.replace(result_path)
@@ -242,6 +244,14 @@ def run_lesson(path: Path, result_path: Path, solutions: Path | None = None) -> 
     result["finished"] = True
     write()
     return result
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and the children it waited for (torchrun's), user and system:
+    what a lesson cost on a shared machine, where its wall time says little."""
+    own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                         resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _close_figures() -> None:

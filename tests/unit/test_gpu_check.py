@@ -156,6 +156,8 @@ def test_a_row_follows_its_cell_when_the_lesson_failed_elsewhere() -> None:
 def test_combine_reports_a_failure_before_what_was_not_reached() -> None:
     assert combine([(PASSED, "a"), (NOT_REACHED, "b"), ("failed", "c")]) == ("failed", "c")
     assert combine([(PASSED, "a"), (NOT_REACHED, "b")]) == (NOT_REACHED, "b")
+    assert combine([(PASSED, "a"), (NOT_DECIDABLE, "needs a CUDA GPU")]) == (
+        NOT_DECIDABLE, "needs a CUDA GPU")
     assert combine([(PASSED, "a"), (PASSED, "b")]) == (PASSED, "a; b")
 
 
