@@ -59,6 +59,7 @@ LIMITS = {  # per device kind: lesson limit, bench limit, bench reserve, jobs (s
     "cpu": {"lesson": 180.0, "bench": 120.0, "reserve": 60.0, "jobs": 1},
 }
 BENCH_RUNS = (("conv", False), ("conv", True), ("transformer", False), ("transformer", True))
+PRESET_ENV = "AMP_TUTORIAL_PRESET"  # as amp_tutorial.presets reads it
 MIN_START_S = 5.0  # a part is not started with less time than this left
 PASSED, FAILED, NOT_REACHED, NOT_DECIDABLE = "passed", "failed", "not reached", "not decidable"
 
@@ -166,7 +167,7 @@ def child_env(device: str, preset: str) -> dict[str, str]:
     path = os.pathsep.join(p for p in (str(ROOT / "src"), str(ROOT),
                                        os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "PYTHONPATH": path, "AMP_TUTORIAL_DEVICE": device,
-            "AMP_TUTORIAL_PRESET": preset, "MPLBACKEND": "Agg", "TQDM_DISABLE": "1",
+            PRESET_ENV: preset, "MPLBACKEND": "Agg", "TQDM_DISABLE": "1",
             "PYTHONUNBUFFERED": "1"}
 
 
@@ -302,10 +303,12 @@ class Run:
                 entry = self.verdict["lessons"][index]
                 entry.update(status="running", detail="", limit_s=round(
                     min(self.args.lesson_limit, left), 1))
+                preset = self.args.lesson_preset.get(path.name[:2], self.args.preset)
+                entry["preset"] = preset
                 running[index] = Child(
                     [sys.executable, "-m", "course_tools.lesson_exec", str(path),
-                     str(self.out / f"{path.stem}.json")], self.env, path.parent,
-                    self.out / f"{path.stem}.log", min(self.args.lesson_limit, left))
+                     str(self.out / f"{path.stem}.json")], {**self.env, PRESET_ENV: preset},
+                    path.parent, self.out / f"{path.stem}.log", min(self.args.lesson_limit, left))
                 self.say(f"lesson {path.stem}: started")
             if not running:
                 break
@@ -579,7 +582,9 @@ def render_markdown(verdict: dict[str, Any]) -> str:
         peak_text = ", ".join(f"{d}: {b / 2**20:.0f}" for d, b in peak.items()) if peak else ""
         header = e.get("header_memory_mib")
         header_text = "" if header is None else f"{header:.0f}"
-        lines.append(f"| {e['lesson']} | {e['status']} | {e['seconds'] or ''} | "
+        name = e["lesson"] + (f" (at `{e['preset']}`)" if e.get("preset", verdict["preset"])
+                              != verdict["preset"] else "")
+        lines.append(f"| {name} | {e['status']} | {e['seconds'] or ''} | "
                      f"{e.get('cpu_s') or ''} | {peak_text} | {header_text} | {_md(e['detail'])} |")
     lines += ["", "## Bench", "", "| run | status | seconds | result |",
               "| --- | --- | --- | --- |"]
@@ -611,8 +616,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         default=["probes", "lessons", "bench"])
     parser.add_argument("--lessons", nargs="+", default=(), metavar="NN",
                         help="only these lessons (by number or name)")
+    parser.add_argument("--lesson-preset", nargs="+", default=[], metavar="NN=PRESET",
+                        help="another preset for these lessons (14=cpu: a smaller size where "
+                        "only the path matters)")
     parser.add_argument("--notebooks", type=Path, default=ROOT / "notebooks")
     args = parser.parse_args(argv)
+    try:
+        args.lesson_preset = dict(item.split("=", 1) for item in args.lesson_preset)
+    except ValueError:
+        parser.error(f"--lesson-preset takes NN=PRESET, got {args.lesson_preset}")
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.device is None:
         args.device = "cuda" if _has_cuda() else "cpu"
