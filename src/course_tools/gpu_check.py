@@ -483,7 +483,7 @@ def decide_rows(verdict: dict[str, Any], ids: Sequence[str]) -> list[dict[str, A
             outcomes = [lesson_outcome(lessons.get(n), check.cell if i == 0 else None, n)
                         for i, n in enumerate(check.lessons)]
             if check.bench:
-                outcomes += [(e["status"], f"{e['name']}: {e['detail']}")
+                outcomes += [(e["status"], f"{e['name']}: {e.get('summary') or e['detail']}")
                              for e in verdict["bench"]] or [(NOT_REACHED, "bench not run")]
             if check.probe:
                 probe = verdict["probes"].get(check.probe)
