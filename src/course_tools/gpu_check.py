@@ -245,7 +245,7 @@ class Run:
             "lessons": [{"lesson": p.stem, "status": NOT_REACHED, "detail": "not started",
                          "seconds": None, "max_memory_allocated": None,
                          "header_memory_mib": header_figures(MEMORY, p.read_text()).get(
-                             args.preset)} for p in self.lessons],
+                             "paper")} for p in self.lessons],
             "bench": [{"name": bench_name(model, strict), "model": model, "strict_fp32": strict,
                        "status": NOT_REACHED, "detail": "not started", "seconds": None}
                       for model, strict in BENCH_RUNS] if "bench" in args.parts else [],
@@ -574,8 +574,8 @@ def render_markdown(verdict: dict[str, Any]) -> str:
         *(f"| {name} | {p['status']} | {p['seconds']} | {p.get('cpu_s', '')} | "
           f"{_md(p['detail'])} |" for name, p in verdict["parts"].items()), "",
         "## Lessons", "",
-        f"| lesson | status | seconds | CPU seconds | peak `max_memory_allocated` (MiB) | header's "
-        f"CPU count at `{verdict['preset']}` (MiB) | first error |",
+        "| lesson | status | seconds | CPU seconds | peak `max_memory_allocated` (MiB) | the "
+        "header's memory at `paper`, counted on a CPU (MiB) | first error |",
         "| --- | --- | --- | --- | --- | --- | --- |"]
     for e in verdict["lessons"]:
         peak = e.get("max_memory_allocated")
