@@ -54,9 +54,10 @@ LESSON_NAME = re.compile(r"^\d\d_\w+\.py$")
 MINUTES = re.compile(r"^#     minutes:\n((?:#       \w+: [\d.]+\n)+)", re.MULTILINE)
 MEMORY = re.compile(r"^#     memory:\n((?:#       \w+: [\d.]+\n)+)", re.MULTILINE)
 DEFAULT_BUDGET_S = 450.0
-LIMITS = {  # per device kind: lesson limit, bench limit, bench reserve, jobs (seconds, count)
-    "cuda": {"lesson": 240.0, "bench": 90.0, "reserve": 170.0, "jobs": 4},
-    "cpu": {"lesson": 180.0, "bench": 120.0, "reserve": 60.0, "jobs": 1},
+LIMITS = {  # per device kind: the limits of each probe, lesson and bench run, the bench's reserve
+    # (seconds) and the lessons at a time
+    "cuda": {"probe": 60.0, "lesson": 240.0, "bench": 90.0, "reserve": 170.0, "jobs": 4},
+    "cpu": {"probe": 120.0, "lesson": 180.0, "bench": 120.0, "reserve": 60.0, "jobs": 1},
 }
 BENCH_RUNS = (("conv", False), ("conv", True), ("transformer", False), ("transformer", True))
 PRESET_ENV = "AMP_TUTORIAL_PRESET"  # as amp_tutorial.presets reads it
@@ -238,7 +239,8 @@ class Run:
             "schema": 1, "command": ["python", "-m", "course_tools.gpu_check", *args.argv],
             "started": now(), "finished": None, "seconds": 0.0, "complete": False,
             "device": args.device, "preset": args.preset, "budget_s": args.budget,
-            "jobs": args.jobs, "lesson_limit_s": args.lesson_limit,
+            "jobs": args.jobs, "probe_limit_s": args.probe_limit,
+            "lesson_limit_s": args.lesson_limit,
             "bench_limit_s": args.bench_limit, "bench_reserve_s": args.bench_reserve,
             "environment": {}, "parts": {},
             "probes": {},
@@ -261,7 +263,7 @@ class Run:
     def probes(self) -> None:
         started = self.budget.elapsed()
         result_path = self.out / "probes.json"
-        limit = min(60.0, self.budget.left())
+        limit = min(self.args.probe_limit, self.budget.left())
         if limit < MIN_START_S:
             self.part("probes", started, NOT_REACHED)
             return
@@ -608,6 +610,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
                         help=f"seconds for the whole run (default {DEFAULT_BUDGET_S:.0f})")
     parser.add_argument("--jobs", type=int, default=None, help="lessons at a time")
+    parser.add_argument("--probe-limit", type=float, default=None, help="seconds for the probes")
     parser.add_argument("--lesson-limit", type=float, default=None, help="seconds per lesson")
     parser.add_argument("--bench-limit", type=float, default=None, help="seconds per bench run")
     parser.add_argument("--bench-reserve", type=float, default=None,
@@ -631,6 +634,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     kind = "cpu" if args.device == "cpu" else "cuda"
     args.preset = args.preset or ("smoke" if kind == "cpu" else "paper")
     args.jobs = args.jobs or LIMITS[kind]["jobs"]
+    args.probe_limit = args.probe_limit or LIMITS[kind]["probe"]
     args.lesson_limit = args.lesson_limit or LIMITS[kind]["lesson"]
     args.bench_limit = args.bench_limit or LIMITS[kind]["bench"]
     args.bench_reserve = (LIMITS[kind]["reserve"] if args.bench_reserve is None

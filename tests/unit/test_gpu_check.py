@@ -34,7 +34,7 @@ STATUSES = {"passed", "failed", "not reached", "not decidable"}
 CPU_LESSONS = ("01", "10")
 
 
-def gpu_check(out: Path, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
+def gpu_check(out: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "course_tools.gpu_check", str(out), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
 
@@ -44,8 +44,8 @@ def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], P
     out = tmp_path_factory.mktemp("gpu-check")
     # limits far above the few seconds each part takes, so a busy CI machine cannot kill one
     done = gpu_check(out, "--device", "cpu", "--preset", "smoke", "--lessons", *CPU_LESSONS,
-                     "--budget", "1400", "--lesson-limit", "600", "--bench-limit", "600",
-                     "--bench-reserve", "0")
+                     "--budget", "1700", "--probe-limit", "300", "--lesson-limit", "600",
+                     "--bench-limit", "600", "--bench-reserve", "0")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads((out / "verdict.json").read_text()), out, done.stdout
 
