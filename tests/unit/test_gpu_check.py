@@ -1,0 +1,168 @@
+"""course_tools.gpu_check: the command a lent GPU runs, run here on the CPU at smoke so it never
+rots, and its time limits and budget on lessons made to hang.
+
+The CPU run takes two lessons (01: figures, the IPython stand-in's matplotlib path; 10:
+``display`` of a table) and every bench run: nbval already runs every lesson in CI, six times,
+so running all of them again here would add minutes and check nothing new about the command.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from course_tools.gpu_check import (
+    BENCH_RUNS,
+    NOT_DECIDABLE,
+    NOT_REACHED,
+    PASSED,
+    ROOT,
+    ROW_CHECKS,
+    combine,
+    decide_rows,
+    find_lessons,
+    register_ids,
+)
+
+STATUSES = {"passed", "failed", "not reached", "not decidable"}
+CPU_LESSONS = ("01", "10")
+
+
+def gpu_check(out: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "course_tools.gpu_check", str(out), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path, str]:
+    out = tmp_path_factory.mktemp("gpu-check")
+    # limits far above the few seconds each part takes, so a busy CI machine cannot kill one
+    done = gpu_check(out, "--device", "cpu", "--preset", "smoke", "--lessons", *CPU_LESSONS,
+                     "--budget", "1700", "--probe-limit", "300", "--lesson-limit", "600",
+                     "--bench-limit", "600", "--bench-reserve", "0")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads((out / "verdict.json").read_text()), out, done.stdout
+
+
+def test_the_cpu_run_passes_and_names_its_machine(cpu_run: tuple[dict, Path, str]) -> None:
+    verdict, _, stdout = cpu_run
+    assert verdict["complete"] and verdict["device"] == "cpu" and verdict["preset"] == "smoke"
+    assert verdict["environment"]["torch"] == torch.__version__
+    assert verdict["environment"]["gpu"] is None
+    assert {name: p["status"] for name, p in verdict["parts"].items()} == {
+        "probes": PASSED, "lessons": PASSED, "bench": PASSED}
+    assert "lesson 01_autocast_basics: passed" in stdout  # progress is printed
+
+
+def test_every_lesson_and_bench_run_has_a_verdict(cpu_run: tuple[dict, Path, str]) -> None:
+    verdict, out, _ = cpu_run
+    assert [e["lesson"][:2] for e in verdict["lessons"]] == list(CPU_LESSONS)
+    for entry in verdict["lessons"]:
+        assert entry["status"] == PASSED and entry["cells_passed"] == entry["cells_total"] > 5
+        assert entry["max_memory_allocated"] is None  # a CPU has no allocator statistics
+        assert (out / entry["log"]).is_file()
+    assert [(e["model"], e["strict_fp32"]) for e in verdict["bench"]] == list(BENCH_RUNS)
+    for entry in verdict["bench"]:
+        report = json.loads((out / entry["json"]).read_text())
+        assert report["ceiling"]["rates"], entry["name"]  # every run measured the ceiling
+        assert report["model"] == entry["model"] and report["preset"]["name"] == "smoke"
+        assert entry["summary"].startswith("fp32 ")
+
+
+def test_every_register_row_is_in_both_verdict_files(cpu_run: tuple[dict, Path, str]) -> None:
+    verdict, out, _ = cpu_run
+    rows = {row["id"]: row for row in verdict["rows"]}
+    assert list(rows) == register_ids()
+    page = (out / "verdict.md").read_text()
+    for row_id, row in rows.items():
+        assert row["status"] in STATUSES and not row["decides"], row  # a CPU decides no row
+        assert f"| {row_id} | {row['status']} |" in page
+        check = ROW_CHECKS[row_id]
+        if check.needs:
+            assert row["status"] == NOT_DECIDABLE
+        elif check.lessons and set(check.lessons) - set(CPU_LESSONS):
+            assert row["status"] == NOT_REACHED and "not selected" in row["detail"]
+        else:  # the checks that ran here all passed (the probe needs CUDA)
+            assert row["status"] == (NOT_DECIDABLE if check.probe else PASSED), row
+
+
+HANG = '''# %%
+import time
+print("first")
+
+# %%
+time.sleep(120)
+
+# %%
+print("never")
+'''
+
+
+def test_a_hanging_lesson_is_killed_and_the_budget_leaves_the_rest_not_reached(
+        tmp_path: Path) -> None:
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    (notebooks / "01_hang.py").write_text(HANG)
+    (notebooks / "02_after.py").write_text('# %%\nprint("fine")\n')
+    out = tmp_path / "out"
+    done = gpu_check(out, "--device", "cpu", "--preset", "smoke", "--notebooks", str(notebooks),
+                     "--parts", "lessons", "bench", "--budget", "12", "--lesson-limit", "8",
+                     "--bench-reserve", "0", "--jobs", "1", timeout=120)
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert done.returncode == 1 and verdict["complete"]
+    hang, after = verdict["lessons"]
+    assert hang["status"] == "failed" and hang["detail"].startswith("killed at its limit, 8 s")
+    assert hang["seconds"] < 12
+    if hang.get("cells"):  # torch imported within the limit: the cell that hung is named
+        assert [c["status"] for c in hang["cells"]][1:] == ["failed", "not reached"]
+        assert "in cell 2 ('time.sleep(120)')" in hang["detail"]
+    assert after["status"] == NOT_REACHED and "budget" in after["detail"]
+    assert {e["status"] for e in verdict["bench"]} == {NOT_REACHED}
+    assert verdict["parts"]["probes"]["status"] == NOT_REACHED
+    rows = {row["id"]: row for row in verdict["rows"]}
+    assert rows["01-policy"]["status"] == "failed"
+    assert rows["02-scaler"]["status"] == NOT_REACHED
+    assert rows["ceiling-tf32"]["status"] == NOT_REACHED
+
+
+def lesson(number: str, status: str, cells: list[dict[str, Any]] | None = None,
+           detail: str = "") -> dict[str, Any]:
+    return {"lesson": f"{number}_x", "status": status, "detail": detail, "cells": cells or []}
+
+
+def test_a_row_follows_its_cell_when_the_lesson_failed_elsewhere() -> None:
+    lessons = {"02": "02_gradient_scaling"}
+    from course_tools.gpu_check import lesson_sources
+
+    sources = lesson_sources(lessons["02"])
+    marked = next(n for n, source in sources.items() if "unclipped" in source)
+    cells = [{"cell": n, "status": "failed" if n == marked + 1 else PASSED,
+              "error": "AssertionError: later"} for n in sources]
+    verdict = {"device": "cuda", "environment": {"hip": None}, "probes": {}, "bench": [],
+               "lessons": [{**lesson("02", "failed", cells, "cell 99: AssertionError: later"),
+                            "lesson": lessons["02"]}]}
+    rows = {r["id"]: r for r in decide_rows(verdict, ["02-bitwise", "02-scaler", "16-fp8"])}
+    assert rows["02-bitwise"]["status"] == PASSED and rows["02-bitwise"]["decides"]
+    assert rows["02-scaler"]["status"] == "failed"
+    assert rows["16-fp8"]["status"] == NOT_REACHED  # lesson 16 did not run
+
+
+def test_combine_reports_a_failure_before_what_was_not_reached() -> None:
+    assert combine([(PASSED, "a"), (NOT_REACHED, "b"), ("failed", "c")]) == ("failed", "c")
+    assert combine([(PASSED, "a"), (NOT_REACHED, "b")]) == (NOT_REACHED, "b")
+    assert combine([(PASSED, "a"), (NOT_DECIDABLE, "needs a CUDA GPU")]) == (
+        NOT_DECIDABLE, "needs a CUDA GPU")
+    assert combine([(PASSED, "a"), (PASSED, "b")]) == (PASSED, "a; b")
+
+
+def test_every_lesson_is_found_in_course_order() -> None:
+    paths = find_lessons(ROOT / "notebooks")
+    assert [p.name[:2] for p in paths] == [f"{n:02d}" for n in range(1, len(paths) + 1)]
+    with pytest.raises(SystemExit, match="no lesson 99"):
+        find_lessons(ROOT / "notebooks", ["99"])
