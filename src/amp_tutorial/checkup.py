@@ -94,6 +94,8 @@ class Checkup:
     ranges: list[ModuleRange]
     scale_needed: float | None  # smallest power of two lifting 99% of gradients to fp16 normals
     scale_max: float | None  # the largest scale before the largest gradient overflows fp16
+    skipped_steps: list[bool]  # per AMP step: the GradScaler skipped it (gradients overflowed)
+    final_scale: float | None  # the GradScaler's scale after the AMP steps
     losses: dict[str, list[float]]
     output_max_abs_diff: float
     output_rel_diff: float
@@ -327,8 +329,14 @@ def _first_forward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
     if not math.isfinite(float(loss)):
         with torch.no_grad():
             where = first_nonfinite_module(model, lambda: model(inputs))
-        cause = (f"{where}" if where is not None else
-                 "every module's output is finite, so the loss function or the targets made it")
+        if not bool(inputs.isfinite().all()) if inputs.is_floating_point() else False:
+            cause = "the inputs hold inf or NaN"
+        elif where is not None:
+            cause = str(where)
+        elif targets.is_floating_point() and not bool(targets.isfinite().all()):
+            cause = "the targets hold inf or NaN"
+        else:
+            cause = "every module's output is finite, so the loss function made it"
         raise CheckupError(f"the loss is {float(loss)} in fp32, before any AMP ({cause}): fix "
                            "the model or the data in fp32 first")
 
@@ -438,10 +446,11 @@ def _scales(watch: _ModuleWatch) -> tuple[float | None, float | None]:
 def _train(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.Tensor,
            loss_fn: LossFn, dtype: torch.dtype | None, make_optimizer: Callable,
            steps: int, warmup: int, device: torch.device) -> tuple[list[float], StepTimer,
-                                                                    int | None]:
+                                                                    int | None, list[bool],
+                                                                    float | None]:
     """``steps`` training steps from the initial weights, fp32 (``dtype`` None) or AMP with a
     GradScaler for fp16: losses, the StepTimer and the allocator's peak, as the bench takes
-    them."""
+    them, and which steps the scaler skipped (its scale went down: the gradients overflowed)."""
     model.load_state_dict(initial)
     optimizer = make_optimizer(model.parameters())
     scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
@@ -450,11 +459,15 @@ def _train(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch
     free_memory(device)
     reset_peak_memory(device)
     timer = StepTimer(device, warmup=warmup)
-    losses = []
+    losses, skipped = [], []
+    scale = scaler.get_scale() if scaler is not None else 1.0
     for i in range(steps):
         with timer.step():
             losses.append(step(i))
-    return losses, timer, peak_memory_bytes(device)
+        before, scale = scale, scaler.get_scale() if scaler is not None else 1.0
+        skipped.append(scale < before)
+    return (losses, timer, peak_memory_bytes(device), skipped,
+            scale if scaler is not None else None)
 
 
 def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advice]:
@@ -472,6 +485,13 @@ def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advic
                           f"fp16: up to {share:.1%} of a module's output gradients are below "
                           f"2^-24 and would be zero unscaled{lift}; the largest safe scale is "
                           f"{report.scale_max:.3g}" if report.scale_max else "fp16 needs it"))
+        n_skipped = sum(report.skipped_steps)
+        if n_skipped and report.final_scale:
+            out.append(Advice(f'scaler = torch.amp.GradScaler("{kind}", '
+                              f"init_scale={report.final_scale:g})",
+                              f"the scaler skipped {n_skipped} of {len(report.skipped_steps)} "
+                              "steps backing off from 65536 (gradients overflowed fp16); it "
+                              f"settled at {report.final_scale:g}"))
     for r in report.ranges:
         if r.module not in report.flagged:
             continue
@@ -548,6 +568,7 @@ def _run(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.T
          make_optimizer: Callable, ceiling: Ceiling | None,
          ceiling_sizes: Sequence[int]) -> Checkup:
     device, kind = info.device, info.type
+    model.train()  # the check-up trains; the caller's mode comes back in amp_checkup
 
     def forward_loss(amp: bool) -> torch.Tensor:
         watch.phase = MODEL
@@ -556,52 +577,62 @@ def _run(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.T
             watch.phase = "(loss)"
             return loss_fn(output, targets)
 
-    # ranges: one fp32 forward and backward with every module's output and gradient kept
+    # ranges: one fp32 forward and backward with every module's output and gradient kept, the
+    # bytes saved for backward counted on the way
+    saved = {}
     model.load_state_dict(initial)
     with _ModuleWatch(model) as watch:
         watch.keep = True
-        forward_loss(False).backward()
+        losses = []
+        saved["fp32"] = saved_activation_bytes(lambda: losses.append(forward_loss(False)))
+        losses[0].backward()
     ranges, (scale_needed, scale_max) = _ranges(watch, dtype), _scales(watch)
-    del watch.outputs, watch.grads
+    del watch.outputs, watch.grads, losses
     model.zero_grad(set_to_none=True)
 
     # ops: one AMP forward, loss and backward, each kernel timed and tagged with its module
     model.load_state_dict(initial)
     with _ModuleWatch(model) as watch:
         def amp_step() -> None:
-            loss = forward_loss(True)
+            losses = []
+            saved["amp"] = saved_activation_bytes(lambda: losses.append(forward_loss(True)))
             watch.phase = "(backward)"
-            loss.float().backward()
+            losses[0].float().backward()
         ops = trace_dtypes(amp_step, where=watch.where, timed_on=device)
     model.zero_grad(set_to_none=True)
 
-    # agreement of the outputs from the same weights, and where AMP first goes non-finite
+    # agreement of the outputs from the same weights in eval mode (no dropout, the same
+    # normalisation statistics), and where AMP first goes non-finite
     model.load_state_dict(initial)
+    model.eval()
+    outputs = {}
     with torch.no_grad():
-        ref = model(inputs).float()
-        model.load_state_dict(initial)
+        outputs["fp32"] = model(inputs).float()
         with torch.autocast(kind, dtype=dtype):
-            amp_out = model(inputs).float()
-        model.load_state_dict(initial)
-        with torch.autocast(kind, dtype=dtype):
-            bad = first_nonfinite_module(model, lambda: model(inputs))
-    diff = (amp_out - ref).abs()
-    max_diff = float(diff.max())
+            bad = first_nonfinite_module(model, lambda: outputs.setdefault(
+                "amp", model(inputs).float()))
+    model.train()
+    ref, amp_out = outputs["fp32"], outputs["amp"]
+    max_diff = float((amp_out - ref).abs().max())
     rel = float(torch.linalg.vector_norm(amp_out - ref) / torch.linalg.vector_norm(ref).clamp_min(
         torch.finfo(torch.float32).tiny))
     if not math.isfinite(max_diff):
         rel = math.inf
 
-    # payoff and loss curves: the learner's step, fp32 then AMP, from the same weights
-    saved = {}
-    for mode, amp in (("fp32", False), ("amp", True)):
-        model.load_state_dict(initial)
-        saved[mode] = saved_activation_bytes(lambda amp=amp: forward_loss(amp))
-    losses32, timer32, peak32 = _train(model, initial, inputs, targets, loss_fn, None,
-                                       make_optimizer, steps, warmup, device)
-    losses_amp, timer_amp, peak_amp = _train(model, initial, inputs, targets, loss_fn, dtype,
-                                             make_optimizer, steps, warmup, device)
-    gaps = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses_amp, losses32, strict=True)]
+    # payoff and loss curves: the learner's step, fp32 then AMP, from the same weights and the
+    # same random numbers (dropout), the caller's random state kept
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(0)
+        losses32, timer32, peak32, _, _ = _train(model, initial, inputs, targets, loss_fn, None,
+                                           make_optimizer, steps, warmup, device)
+        torch.manual_seed(0)
+        losses_amp, timer_amp, peak_amp, skipped, final_scale = _train(model, initial, inputs, targets, loss_fn,
+                                                 dtype, make_optimizer, steps, warmup, device)
+    # a skipped step leaves the weights as they were: AMP's loss after k applied updates is
+    # compared with fp32's after k updates
+    applied = [sum(not s for s in skipped[:i]) for i in range(len(skipped))]
+    gaps = [abs(a - losses32[k]) / max(abs(losses32[k]), 1e-12)
+            for a, k in zip(losses_amp, applied, strict=True)]
     gap = max(gaps) if all(math.isfinite(x) for x in losses_amp) else math.inf
     ceiling = ceiling or matmul_ceiling(info, tuple(ceiling_sizes), steps=10, budget_s=0.5)
     name = dtype_name(dtype)
@@ -609,7 +640,8 @@ def _run(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.T
     report = Checkup(
         device=str(info), amp_dtype=name, dtype_why=_recommend(info, dtype),
         grad_scaler=dtype == torch.float16, tf32=tf32, ops=ops, ranges=ranges,
-        scale_needed=scale_needed, scale_max=scale_max,
+        scale_needed=scale_needed, scale_max=scale_max, skipped_steps=skipped,
+        final_scale=final_scale,
         losses={"fp32": losses32, name: losses_amp}, output_max_abs_diff=max_diff,
         output_rel_diff=rel, loss_rel_gap=gap,
         agrees=rel <= AGREEMENT[dtype] and gap <= AGREEMENT[dtype],
