@@ -416,14 +416,14 @@ def _ranges(watch: _ModuleWatch, dtype: torch.dtype) -> list[ModuleRange]:
         grad = watch.grads.get(name)
         g = grad.detach().float().abs().flatten() if grad is not None else torch.zeros(1)
         nonzero = g[g > 0]
-        below = (lambda limit: float((nonzero < limit).float().mean()) if nonzero.numel()
-                 else 0.0)
+        shares = [float((nonzero < limit).float().mean()) if nonzero.numel() else 0.0
+                  for limit in (FP16_TINY, FP16_SMALLEST)]
         act_max = float(out.float().abs().max()) if out.numel() else 0.0
         rounding = _rounding(out, dtype)
         first_rounded = rounding > ROUNDING_LIMIT and not rounded  # later ones inherit it
         rounded = rounded or first_rounded
         rows.append(ModuleRange(name, type(module).__name__, act_max, float(g.max()),
-                                below(FP16_TINY), below(FP16_SMALLEST), rounding,
+                                *shares, rounding,
                                 act_max > FP16_MAX, first_rounded))
     return rows
 
@@ -583,11 +583,11 @@ def _run(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.T
     model.load_state_dict(initial)
     with _ModuleWatch(model) as watch:
         watch.keep = True
-        losses = []
-        saved["fp32"] = saved_activation_bytes(lambda: losses.append(forward_loss(False)))
-        losses[0].backward()
+        kept: list[torch.Tensor] = []
+        saved["fp32"] = saved_activation_bytes(lambda: kept.append(forward_loss(False)))
+        kept.pop().backward()
     ranges, (scale_needed, scale_max) = _ranges(watch, dtype), _scales(watch)
-    del watch.outputs, watch.grads, losses
+    del watch.outputs, watch.grads
     model.zero_grad(set_to_none=True)
 
     # ops: one AMP forward, loss and backward, each kernel timed and tagged with its module
@@ -626,8 +626,9 @@ def _run(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.T
         losses32, timer32, peak32, _, _ = _train(model, initial, inputs, targets, loss_fn, None,
                                            make_optimizer, steps, warmup, device)
         torch.manual_seed(0)
-        losses_amp, timer_amp, peak_amp, skipped, final_scale = _train(model, initial, inputs, targets, loss_fn,
-                                                 dtype, make_optimizer, steps, warmup, device)
+        losses_amp, timer_amp, peak_amp, skipped, final_scale = _train(
+            model, initial, inputs, targets, loss_fn, dtype, make_optimizer, steps, warmup,
+            device)
     # a skipped step leaves the weights as they were: AMP's loss after k applied updates is
     # compared with fp32's after k updates
     applied = [sum(not s for s in skipped[:i]) for i in range(len(skipped))]
