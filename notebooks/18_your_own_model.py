@@ -49,7 +49,7 @@ preset = get_preset(device_type=info.type)
 print(describe_device(info))
 print(f"preset {preset.name!r}: {preset.description}")
 torch.manual_seed(0)  # every run starts from the same numbers
-STEPS = 4 if preset.name == "smoke" else 8  # training steps per precision, the first untimed
+STEPS = max(3, min(preset.steps // 3, 8))  # training steps per precision, the first untimed
 # this machine's matmul ceiling, measured once and shared by every check-up below
 ceiling = matmul_ceiling(info, SIZES[preset.name][:1], budget_s=0.5)
 print("\n".join(ceiling.lines()))
@@ -66,6 +66,7 @@ conv = course_models(preset, info.device)["ConvModel"]
 conv_report = amp_checkup(conv.make(), (conv.inputs, conv.targets), conv.loss_fn,
                           steps=STEPS, ceiling=ceiling)
 assert conv_report.amp_dtype == dtype_name(info.amp_dtype)  # the device's preferred AMP dtype
+assert conv_report.recommended.startswith(f"{dtype_name(info.amp_dtype)}: ")
 assert conv_report.grad_scaler == info.needs_grad_scaler()  # fp16 needs one, bf16 does not
 assert conv_report.flagged == [] and conv_report.fp16_overflows == []
 assert conv_report.agrees, (conv_report.output_rel_diff, conv_report.loss_rel_gap)

@@ -86,8 +86,9 @@ class Checkup:
     """What ``amp_checkup`` found; ``as_dict()`` for JSON, the ``*_rows`` for tables."""
 
     device: str
-    amp_dtype: str
+    amp_dtype: str  # the dtype checked
     dtype_why: str
+    recommended: str  # the device's preferred AMP dtype, and why
     grad_scaler: bool
     tf32: str
     ops: list[OpTrace]
@@ -149,7 +150,9 @@ class Checkup:
     def summary_rows(self) -> list[dict[str, object]]:
         return [
             {"finding": "device", "value": self.device},
-            {"finding": "recommended dtype", "value": self.amp_dtype, "why": self.dtype_why},
+            {"finding": "recommended dtype", "value": self.recommended.split(":")[0],
+             "why": self.recommended.split(": ", 1)[-1]},
+            {"finding": "dtype checked", "value": self.amp_dtype, "why": self.dtype_why},
             {"finding": "GradScaler", "value": "needed" if self.grad_scaler else "not needed",
              "why": "fp16's exponent range is narrow: small gradients flush to zero" if
              self.grad_scaler else f"{self.amp_dtype} has fp32's exponent range"},
@@ -347,10 +350,14 @@ def _recommend(info: DeviceInfo, dtype: torch.dtype) -> str:
         native = {True: "this device computes bf16 natively", False: "this device only emulates "
                   "bf16 (slow)", None: "whether bf16 is native here is not known"}
         return f"{native[info.native_bf16]}; bf16 keeps fp32's exponent range, so no GradScaler"
-    why = "fp16 has a narrow range (max 65504, smallest normal 2^-14): it needs a GradScaler"
+    why = f"{name} has a narrow range (max 65504, smallest normal 2^-14): it needs a GradScaler"
     if torch.bfloat16 not in info.amp_dtypes:
         return f"{why}; bf16 is not offered here"
-    return f"{why}; chosen before bf16 here ({name} first in the device's AMP dtypes)"
+    if dtype != info.amp_dtype:
+        return f"{why}; checked because you asked for it (this device prefers " \
+               f"{dtype_name(info.amp_dtype)})"
+    said = [note for note in info.notes if name in note]  # e.g. AMP_TUTORIAL_DTYPE=fp16 ...
+    return f"{why}; first of this device's AMP dtypes" + (f" ({'; '.join(said)})" if said else "")
 
 
 class _ModuleWatch:
@@ -474,7 +481,7 @@ def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advic
     kind, name = info.type, dtype_name(dtype)
     torch_dtype = f"torch.{str(dtype).split('.')[-1]}"
     out = [Advice(f'with torch.autocast(device_type="{kind}", dtype={torch_dtype}):  '
-                  "# forward and loss only", f"recommended dtype {name}: {report.dtype_why}")]
+                  "# forward and loss only", f"{name}: {report.dtype_why}")]
     if report.grad_scaler:
         share = max((r.grad_below_smallest for r in report.ranges), default=0.0)
         lift = (f"; a scale of at least {report.scale_needed:g} lifts 99% of the gradients "
@@ -640,6 +647,7 @@ def _run(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.T
     tf32 = fp32_baseline(info) if kind == "cuda" else "not on this device (NVIDIA CUDA only)"
     report = Checkup(
         device=str(info), amp_dtype=name, dtype_why=_recommend(info, dtype),
+        recommended=f"{dtype_name(info.amp_dtype)}: {_recommend(info, info.amp_dtype)}",
         grad_scaler=dtype == torch.float16, tf32=tf32, ops=ops, ranges=ranges,
         scale_needed=scale_needed, scale_max=scale_max, skipped_steps=skipped,
         final_scale=final_scale,

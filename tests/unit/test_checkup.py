@@ -14,6 +14,7 @@ from torch import nn
 import amp_tutorial.checkup as checkup_module
 from amp_tutorial.ceiling import Ceiling, MatmulRate
 from amp_tutorial.checkup import CheckupError, amp_checkup, main
+from amp_tutorial.device import dtype_name, select_device
 from amp_tutorial.measure import Timing
 
 # a ceiling from fixed numbers, so no test spends its time on matmuls
@@ -77,6 +78,9 @@ def test_the_fp16_hazard_is_found_in_the_module_that_overflows(hazard):
     lines = [a.line for a in hazard.advice]
     assert any("self.stem[0](h.float())" in line and "enabled=False" in line for line in lines)
     assert any("GradScaler" in line for line in lines) and hazard.grad_scaler
+    preferred = dtype_name(select_device("cpu").amp_dtype)  # what was checked is not advertised
+    assert hazard.recommended.startswith(f"{preferred}: ")  # as what the device prefers
+    assert ("you asked for it" in hazard.dtype_why) == (preferred != "fp16")
 
 
 def test_following_the_advice_makes_fp16_agree_with_fp32():
