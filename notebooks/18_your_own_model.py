@@ -49,6 +49,7 @@ preset = get_preset(device_type=info.type)
 print(describe_device(info))
 print(f"preset {preset.name!r}: {preset.description}")
 torch.manual_seed(0)  # every run starts from the same numbers
+pd.set_option("display.max_colwidth", None)  # the reasons in full
 STEPS = max(3, min(preset.steps // 3, 8))  # training steps per precision, the first untimed
 # this machine's matmul ceiling, measured once and shared by every check-up below
 ceiling = matmul_ceiling(info, SIZES[preset.name][:1], budget_s=0.5)

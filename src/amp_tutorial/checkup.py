@@ -45,7 +45,7 @@ FP16_MAX = torch.finfo(torch.float16).max  # 65504: larger values become inf
 FP16_TINY = torch.finfo(torch.float16).tiny  # 2**-14, the smallest normal fp16
 FP16_SMALLEST = 2.0**-24  # the smallest subnormal fp16: anything below rounds to zero
 MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7}  # stored fraction bits
-ROUNDING_LIMIT = 0.5  # a rounding step above half the batch-to-batch spread loses the signal
+ROUNDING_LIMIT = 0.5  # a rounding step above half the sample-to-sample spread loses the signal
 AGREEMENT = {torch.float16: 0.02, torch.bfloat16: 0.05}  # relative difference called agreement
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 MODEL = "(model)"  # the model's own forward, outside its submodules
@@ -68,7 +68,7 @@ class ModuleRange:
     grad_max: float  # largest |d loss / d output| in fp32
     grad_below_tiny: float  # share of nonzero output gradients below fp16's smallest normal
     grad_below_smallest: float  # share below fp16's smallest subnormal: zero in fp16 unscaled
-    rounding: float  # the AMP dtype's rounding step at the typical value / spread over the batch
+    rounding: float  # the AMP dtype's rounding step at the typical value / spread over samples
     overflows_fp16: bool
     rounds_signal_away: bool
 
@@ -400,12 +400,14 @@ class _ModuleWatch:
 
 def _rounding(output: torch.Tensor, dtype: torch.dtype) -> float:
     """The dtype's rounding step at each feature's typical value over that feature's spread
-    across the batch (median over features): above ``ROUNDING_LIMIT`` rounding swamps what
-    tells one sample from another. Features that do not vary (a positional embedding) are left
-    out."""
-    if output.dim() < 2 or output.shape[0] < 2:
+    across the samples (median over features): above ``ROUNDING_LIMIT`` rounding swamps what
+    tells one sample from another. Features are the last dimension (the channels of an image);
+    the samples are every other position. Features that do not vary are left out."""
+    if output.dim() >= 4:  # (N, C, H, W, ...): each channel a feature, each pixel a sample
+        output = output.movedim(1, -1)
+    if output.dim() < 2 or output.numel() // output.shape[-1] < 2:
         return 0.0
-    flat = output.float().reshape(output.shape[0], -1)
+    flat = output.float().reshape(-1, output.shape[-1])  # samples x features
     mean, spread = flat.mean(0).abs(), flat.std(0)
     keep = (spread > 0) & (mean > 0)
     if not bool(keep.any()):
@@ -505,7 +507,7 @@ def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advic
         why = (f"{r.module} ({r.type}) outputs up to {r.act_max:.3g}, past fp16's 65504"
                if r.overflows_fp16 and name == "fp16" else
                f"{r.module} ({r.type}): {name}'s rounding step is {r.rounding:.3g}x the spread "
-               "of its outputs across the batch, so the signal is rounded away")
+               "of its outputs across samples, so the signal is rounded away")
         call = _attribute(r.module)
         out.append(Advice(f'with torch.autocast("{kind}", enabled=False): h = {call}(h.float())'
                           f"  # keep {r.module} in fp32 (or decorate its forward with "

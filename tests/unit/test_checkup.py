@@ -100,6 +100,20 @@ def test_bf16_holds_the_range_so_the_same_model_is_not_flagged():
     assert report.flagged == [] and report.agrees and not report.grad_scaler  # ... not a hazard
 
 
+def test_bf16_rounding_that_swamps_the_signal_is_flagged_at_its_first_module():
+    torch.manual_seed(0)
+    offset = nn.Linear(8, 16)
+    offset.bias.data.fill_(1e4)  # outputs 1e4 +- about 1: bf16's step there is 64
+    model = nn.Sequential(offset, nn.LayerNorm(16), nn.Linear(16, 1))
+    x = torch.randn(64, 8)
+    report = amp_checkup(model, (x, x.sum(1, keepdim=True)), nn.functional.mse_loss,
+                         dtype=torch.bfloat16, **OPTIONS)
+    assert report.fp16_overflows == [] and report.flagged == ["0"]  # not the LayerNorm after it
+    assert next(r for r in report.ranges if r.module == "0").rounding > 10
+    assert not report.agrees  # the LayerNorm takes the offset away; in bf16 nothing is left
+    assert any("self[0](h.float())" in a.line for a in report.advice)
+
+
 def test_a_clean_model_gets_no_flag_and_its_ops_are_grouped_by_module():
     model, batch, loss_fn = make_clean()
     report = amp_checkup(model, batch, loss_fn, dtype=torch.bfloat16, **OPTIONS)
