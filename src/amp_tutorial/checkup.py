@@ -264,8 +264,16 @@ def free_bytes_on(device: torch.device) -> int | None:
     on a CPU, None where the device does not say."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    if device.type == "cpu" and hasattr(os, "sysconf"):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if device.type == "cpu":
+        try:  # MemAvailable counts the page cache the kernel can drop; sysconf's free pages don't
+            with open("/proc/meminfo") as meminfo:
+                for line in meminfo:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        if hasattr(os, "sysconf"):
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return None
 
 

@@ -4,6 +4,7 @@ fix, leaves the model as it was, sends nothing anywhere, and answers bad input i
 import ast
 import json
 import math
+import os
 import socket
 from pathlib import Path
 
@@ -216,3 +217,9 @@ def test_command_line_prints_json_and_one_line_for_a_bad_target(capsys):
     assert main(["tests.unit.test_checkup"]) == 2
     assert capsys.readouterr().err.strip() == ("amp check-up: 'tests.unit.test_checkup' is not "
                                                "module:function (e.g. my_model:make)")
+
+
+def test_free_memory_on_a_cpu_counts_the_page_cache_the_kernel_can_drop():
+    free_pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # MemFree only
+    assert checkup_module.free_bytes_on(torch.device("cpu")) >= free_pages * 0.9  # MemAvailable
+    assert checkup_module.bytes_needed(nn.Linear(1024, 1024)) == 5 * (1024 * 1024 + 1024) * 4
