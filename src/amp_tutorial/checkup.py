@@ -372,14 +372,15 @@ class _ModuleWatch:
     """Forward hooks on every module that is not a plain container: the running module's name
     (for the op trace), and in the fp32 step each output's range and its gradient."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None = None) -> None:
         self.modules = [(n or MODEL, m) for n, m in model.named_modules()
                         if not n or not isinstance(m, CONTAINERS)]
         self.stack: list[str] = []
         self.phase = "(loss)"
-        self.outputs: dict[str, torch.Tensor] = {}
-        self.grads: dict[str, torch.Tensor] = {}
-        self.keep = False
+        self.dtype = dtype  # given: measure each output and its gradient (numbers, no tensors)
+        self.outputs: dict[str, tuple[float, float]] = {}  # name -> (max |output|, rounding)
+        self.grads: dict[str, tuple[float, float, float, torch.Tensor]] = {}  # max, 2 shares,
+        # and a strided sample of the nonzero |gradient| values for the scale's quantile
 
     def where(self) -> str:
         return self.stack[-1] if self.stack else self.phase
@@ -395,11 +396,22 @@ class _ModuleWatch:
     def _post(self, name: str) -> Callable[..., None]:
         def hook(_module: nn.Module, _args: object, output: object) -> None:
             self.stack.pop()
-            if self.keep and isinstance(output, torch.Tensor) and output.is_floating_point():
-                self.outputs[name] = output.detach()
+            if (self.dtype is not None and isinstance(output, torch.Tensor)
+                    and output.is_floating_point()):
+                out = output.detach()
+                self.outputs[name] = (float(out.abs().max()) if out.numel() else 0.0,
+                                      _rounding(out, self.dtype))
                 if output.requires_grad:
-                    output.register_hook(lambda g, name=name: self.grads.__setitem__(name, g))
+                    output.register_hook(lambda g, name=name: self._grad(name, g))
         return hook
+
+    def _grad(self, name: str, grad: torch.Tensor) -> None:
+        g = grad.detach().abs().flatten()
+        nonzero = g[g > 0].float()
+        shares = [float((nonzero < limit).float().mean()) if nonzero.numel() else 0.0
+                  for limit in (FP16_TINY, FP16_SMALLEST)]
+        sample = nonzero[::max(1, nonzero.numel() // 100_000)]
+        self.grads[name] = (float(g.max()) if g.numel() else 0.0, *shares, sample)
 
     def __exit__(self, *exc: object) -> None:
         for handle in self.handles:
@@ -429,35 +441,22 @@ def _ranges(watch: _ModuleWatch, dtype: torch.dtype) -> list[ModuleRange]:
     for name, module in watch.modules:
         if name not in watch.outputs:
             continue
-        out = watch.outputs[name]
-        grad = watch.grads.get(name)
-        g = grad.detach().float().abs().flatten() if grad is not None else torch.zeros(1)
-        nonzero = g[g > 0]
-        shares = [float((nonzero < limit).float().mean()) if nonzero.numel() else 0.0
-                  for limit in (FP16_TINY, FP16_SMALLEST)]
-        act_max = float(out.float().abs().max()) if out.numel() else 0.0
-        rounding = _rounding(out, dtype)
+        act_max, rounding = watch.outputs[name]
+        grad_max, below_tiny, below_smallest, _ = watch.grads.get(name, (0.0, 0.0, 0.0, None))
         first_rounded = rounding > ROUNDING_LIMIT and not rounded  # later ones inherit it
         rounded = rounded or first_rounded
-        rows.append(ModuleRange(name, type(module).__name__, act_max, float(g.max()),
-                                *shares, rounding,
-                                act_max > FP16_MAX, first_rounded))
+        rows.append(ModuleRange(name, type(module).__name__, act_max, grad_max, below_tiny,
+                                below_smallest, rounding, act_max > FP16_MAX, first_rounded))
     return rows
 
 
 def _scales(watch: _ModuleWatch) -> tuple[float | None, float | None]:
-    grads = [g.detach().float().abs().flatten() for g in watch.grads.values()]
-    if not grads:
+    samples = [sample for *_, sample in watch.grads.values() if sample.numel()]
+    if not samples:
         return None, None
-    every = torch.cat(grads)
-    nonzero = every[every > 0]
-    if not nonzero.numel():
-        return None, None
-    if nonzero.numel() > 1_000_000:  # a quantile of a sample: torch.quantile has a size limit
-        nonzero = nonzero[torch.randperm(nonzero.numel(), device=nonzero.device)[:1_000_000]]
-    low = float(torch.quantile(nonzero, 0.01))
+    low = float(torch.quantile(torch.cat(samples), 0.01))  # of strided samples: size-limited
     needed = 2.0 ** max(0, math.ceil(math.log2(FP16_TINY / low)))
-    return needed, FP16_MAX / float(every.max())
+    return needed, FP16_MAX / max(g[0] for g in watch.grads.values())
 
 
 def _train(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.Tensor,
@@ -598,8 +597,7 @@ def _run(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.T
     # bytes saved for backward counted on the way
     saved = {}
     model.load_state_dict(initial)
-    with _ModuleWatch(model) as watch:
-        watch.keep = True
+    with _ModuleWatch(model, dtype) as watch:
         kept: list[torch.Tensor] = []
         saved["fp32"] = saved_activation_bytes(lambda: kept.append(forward_loss(False)))
         kept.pop().backward()
