@@ -23,6 +23,7 @@ import logging
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -37,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from amp_tutorial.device import available_devices, dtype_name
-from amp_tutorial.measure import saved_activation_bytes
+from amp_tutorial.measure import saved_activation_bytes, synchronize
 
 # Autocast's cast policies (the names of autocast_mode.h's CastPolicy, in words), plus "no rule".
 LOWERED = "lower precision"  # lower_precision_fp: float32 inputs are cast down
@@ -462,23 +463,35 @@ def visible_promotions(rows: list[OpPolicy]) -> list[str]:
 
 @dataclass(frozen=True)
 class OpTrace:
-    """One aten op as it actually ran: its name, the float dtypes it got and the dtype it gave.
+    """One aten op as it actually ran: its name, the float dtypes it got and the dtype it gave;
+    with ``trace_dtypes(where=...)`` also where it ran (e.g. a module's name) and its wall time.
     """
 
     op: str
     inputs: tuple[str, ...]
     output: str
+    where: str = ""
+    seconds: float = 0.0  # wall time of the kernel call, device synchronised (``timed=True``)
 
 
 class _DtypeRecorder(TorchDispatchMode):
     """Records every aten op below autocast, so the casts autocast inserts show up as ops."""
 
-    def __init__(self) -> None:
+    def __init__(self, where: Callable[[], str] | None = None,
+                 device: torch.device | None = None) -> None:
         super().__init__()
         self.ops: list[OpTrace] = []
+        self.where = where
+        self.device = device  # None: not timed
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if self.device is not None:
+            synchronize(self.device)
+        start = time.perf_counter()
         out = func(*args, **(kwargs or {}))
+        if self.device is not None:
+            synchronize(self.device)
+        seconds = time.perf_counter() - start if self.device is not None else 0.0
         flat_in = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         name = func.overloadpacket.__name__
@@ -486,18 +499,22 @@ class _DtypeRecorder(TorchDispatchMode):
         outs = [dtype_name(t.dtype) for t in flat_out if t.is_floating_point()]
         if outs and name not in ("detach", "view", "t", "transpose", "split", "unsafe_view",
                                  "_unsafe_view", "expand", "reshape", "clone", "alias"):
-            self.ops.append(OpTrace(name, ins, outs[0]))
+            where = self.where() if self.where is not None else ""
+            self.ops.append(OpTrace(name, ins, outs[0], where, seconds))
         return out
 
 
-def trace_dtypes(fn: Callable[[], object]) -> list[OpTrace]:
+def trace_dtypes(fn: Callable[[], object], where: Callable[[], str] | None = None,
+                 timed_on: torch.device | str | None = None) -> list[OpTrace]:
     """Run ``fn()`` and return the floating-point aten ops it executed, in order, with dtypes.
 
     A ``TorchDispatchMode`` sits below autocast, so it sees what autocast decided: the
     ``_to_copy`` casts it inserts and the dtype each kernel ran in. Pure view ops
-    (transpose, split, ...) are left out.
+    (transpose, split, ...) are left out. ``where()``, if given, is asked at each op for a label
+    (the check-up passes the running module's name); ``timed_on`` times each kernel call with
+    that device synchronised before and after.
     """
-    recorder = _DtypeRecorder()
+    recorder = _DtypeRecorder(where, torch.device(timed_on) if timed_on is not None else None)
     with recorder:
         fn()
     return recorder.ops

@@ -120,6 +120,7 @@ ROW_CHECKS: dict[str, Check] = {
     "16-fp8": Check(("16",)),
     "17-profiler": Check(("17",)),
     "17-mps-linear": Check(needs="MPS"),
+    "18-checkup": Check(("18",)),
     "17-math-fallback": Check(needs="MPS or a GPU on SDPA's math fallback"),
     "handout-allocator-peak": Check(peaks=True),
     "device-rocm-bf16": Check(needs="ROCm"),

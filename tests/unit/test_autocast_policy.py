@@ -362,3 +362,20 @@ def test_saved_bytes_on_a_device_whose_fake_autograd_aborts_raise_instead():
         pytest.skip("this torch has MPS support: autograd runs on fake MPS tensors")
     with pytest.raises(RuntimeError, match="not linked with support for mps devices"):
         saved_activation_bytes_on("mps", BUILD, BATCH, FP16)
+
+
+def test_trace_dtypes_tags_each_op_with_where_it_ran_and_times_it_when_asked():
+    layer = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    label = ["first"]
+
+    def two_parts():
+        h = layer(x)
+        label[0] = "second"
+        return h.exp()
+
+    ops = trace_dtypes(two_parts, where=lambda: label[0], timed_on="cpu")
+    assert [(op.op, op.where) for op in ops] == [("addmm", "first"), ("exp", "second")]
+    assert all(op.seconds > 0 for op in ops)
+    label[0] = "first"
+    assert all(op.seconds == 0.0 and op.where == "" for op in trace_dtypes(two_parts))

@@ -1,0 +1,285 @@
+# ---
+# jupyter:
+#   amp_tutorial:
+#     minutes:
+#       smoke: 1.8
+#     needs: 'any device, CPU included; TF32 advice: NVIDIA compute capability 8.0+'
+#   jupytext:
+#     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 18 · Your own model: is it ready for AMP, and what do you write?
+#
+# You leave the course with a model of your own. This lesson answers the question you take home:
+# *which dtype, does it need a GradScaler, where will it overflow, does AMP agree with fp32, and
+# what does AMP gain here?* One call, `amp_checkup(model, (inputs, targets), loss_fn)`, runs your
+# own training step a few times in fp32 and under autocast from the same weights (your model is
+# left as it was) and reports each of those as a table. You run it on the course's two models,
+# then on a model with a real fp16 hazard, which it finds, and whose fix it checks. Nothing of
+# your model leaves your machine: the check-up sends nothing to the class's progress service.
+#
+# **Prerequisites:** lessons 01 (autocast's lists), 02 (GradScaler, fp16's range), 07 (fp32
+# regions and `custom_fwd`), 08 (finding the module that overflowed) and 17 (which ops ran in
+# which dtype). Seeds are fixed, so every run starts from the same numbers.
+
+# %%
+import math
+import sys
+
+import pandas as pd
+import torch
+from torch import nn
+
+from amp_tutorial.ceiling import SIZES, matmul_ceiling
+from amp_tutorial.checkup import FP16_MAX, FP16_TINY, CheckupError, amp_checkup
+from amp_tutorial.device import describe_device, dtype_name, select_device
+from amp_tutorial.models import course_models
+from amp_tutorial.plots import plot_losses
+from amp_tutorial.presets import get_preset
+
+info = select_device()
+preset = get_preset(device_type=info.type)
+print(describe_device(info))
+print(f"preset {preset.name!r}: {preset.description}")
+torch.manual_seed(0)  # every run starts from the same numbers
+pd.set_option("display.max_colwidth", None)  # the reasons in full
+STEPS = max(3, min(preset.steps // 3, 8))  # training steps per precision, the first untimed
+# this machine's matmul ceiling, measured once and shared by every check-up below
+ceiling = matmul_ceiling(info, SIZES[preset.name][:1], budget_s=0.5)
+print("\n".join(ceiling.lines()))
+
+# %% [markdown]
+# ## 1. The check-up on a model you know: which dtype, and why
+#
+# The ConvModel of lessons 03-06, with its image and MSE loss. The summary says which dtype the
+# check-up recommends for this device and why, whether that dtype needs a GradScaler, and the
+# TF32 setting of the fp32 baseline (NVIDIA only).
+
+# %%
+conv = course_models(preset, info.device)["ConvModel"]
+conv_report = amp_checkup(conv.make(), (conv.inputs, conv.targets), conv.loss_fn,
+                          steps=STEPS, ceiling=ceiling)
+assert conv_report.amp_dtype == dtype_name(info.amp_dtype)  # the device's preferred AMP dtype
+assert conv_report.recommended.startswith(f"{dtype_name(info.amp_dtype)}: ")
+assert conv_report.grad_scaler == info.needs_grad_scaler()  # fp16 needs one, bf16 does not
+assert conv_report.flagged == [] and conv_report.fp16_overflows == []
+assert conv_report.agrees, (conv_report.output_rel_diff, conv_report.loss_rel_gap)
+pd.DataFrame(conv_report.summary_rows()).fillna("")
+
+# %% [markdown]
+# The ranges table holds, per module, the largest activation and gradient of the fp32 step
+# against fp16's limits: 65504 is the largest fp16 value, 2^-14 its smallest normal (below it
+# fp16 keeps fewer digits, and below 2^-24 a value becomes zero). The last numeric column is the
+# AMP dtype's rounding step at a module's typical output over how much that output varies from
+# sample to sample: near 1, rounding would wipe out what tells samples apart.
+
+# %%
+assert FP16_MAX == torch.finfo(torch.float16).max == 65504
+assert FP16_TINY == torch.finfo(torch.float16).tiny == 2.0**-14
+ranges = pd.DataFrame(conv_report.range_rows())
+assert (ranges["max |activation|"] < FP16_MAX).all()  # nothing near fp16's overflow here
+ranges
+
+# %% [markdown]
+# ## 2. Which ops ran in which dtype, module by module
+#
+# The check-up traces one AMP step below autocast (lesson 17's dtype spy) and groups the ops by
+# the module that ran them, the loss and the backward pass apart. On the course's transformer the
+# linear layers run their `addmm` in the low dtype, while the layer norms get the fp32 residual
+# stream (a low-precision output plus an fp32 input promotes to fp32) and run in fp32.
+
+# %%
+tf = course_models(preset, info.device)["transformer"]
+tf_report = amp_checkup(tf.make(), (tf.inputs, tf.targets), tf.loss_fn, steps=STEPS,
+                        ceiling=ceiling)
+ops = pd.DataFrame(tf_report.op_rows()).set_index("module")
+low = f"ran in {tf_report.amp_dtype}"
+assert "addmm" in ops.loc["blocks.0.attn.qkv", low] and "addmm" in ops.loc["head", low]
+norms = [m for m in ops.index if m.split(".")[-1].startswith("ln")]
+assert norms and all(ops.loc[m, low] == "" for m in norms)  # every layer norm ran in fp32
+assert 0 < tf_report.fp32_time_share < 1 and tf_report.agrees and tf_report.flagged == []
+print(f"share of the traced step's op time in fp32 ops: {tf_report.fp32_time_share:.0%}")
+ops
+
+# %% [markdown]
+# The share of time in fp32 ops is the part AMP cannot speed up: the larger it is, the further
+# the whole step stays below the matmul ceiling. Agreement and payoff: the loss curves of fp32
+# and AMP from the same weights, then time per step and memory, measured as `pdm run bench`
+# measures them (warm-up untimed, median and spread, saved activations counted exactly; peak
+# memory from the allocator where the device has one), beside this machine's matmul ceiling.
+
+# %%
+fig = plot_losses(tf_report.losses, title="Transformer: fp32 and AMP from the same weights",
+                  ylabel="cross-entropy (log scale)")
+print(f"outputs: {tf_report.output_rel_diff:.2e} relative difference; loss curves: "
+      f"{tf_report.loss_rel_gap:.2e} at most")
+payoff = pd.concat({name: pd.DataFrame(r.payoff_rows()) for name, r in
+                    (("ConvModel", conv_report), ("transformer", tf_report))})
+saved = payoff["saved activations (MB)"]
+assert (saved.xs(1, level=1) < saved.xs(0, level=1)).all()  # AMP saves fewer bytes, both
+payoff
+
+# %% [markdown]
+# ## 3. A model with a real fp16 hazard
+#
+# A regressor fed raw counts (0 to 100,000 per feature, not normalised): its first `Linear`
+# outputs values past 65504 and the `LayerNorm` after it brings them back to a few units. In
+# fp32 and in bf16, whose exponent range is fp32's, that is fine. In fp16, the dtype NVIDIA and
+# AMD GPUs use by default, the first layer gives `inf`. The check-up runs in fp16 here whatever
+# your device prefers (the CPU runs the GPU's fp16 path too), because that is the hazard.
+
+# %%
+class Counts(nn.Module):
+    def __init__(self, n_features: int = 8, hidden: int = 64) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Linear(n_features, hidden), nn.LayerNorm(hidden))
+        self.body = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(self.stem(x))
+
+
+torch.manual_seed(0)
+counts = 1e5 * torch.rand(256, 8, device=info.device)  # raw counts, as they come
+target = (counts / 1e5 - 0.5).sum(1, keepdim=True).sin()
+torch.manual_seed(0)
+hazard = amp_checkup(Counts().to(info.device), (counts, target), nn.functional.mse_loss,
+                     dtype=torch.float16, steps=STEPS, ceiling=ceiling)
+assert hazard.fp16_overflows == ["stem.0"] and hazard.flagged == ["stem.0"]
+assert not hazard.agrees and not math.isfinite(hazard.loss_rel_gap)
+assert hazard.first_nonfinite.startswith("stem.0 (Linear)")
+stem_max = next(r.act_max for r in hazard.ranges if r.module == "stem.0")
+assert torch.tensor(stem_max).to(torch.bfloat16).isfinite()  # bf16 holds it (max ~3.4e38)
+print(f"first non-finite under fp16 autocast: {hazard.first_nonfinite}")
+pd.DataFrame(hazard.range_rows())[["module", "max |activation|", "fp16 overflows"]]
+
+# %% [markdown]
+# What to do: each line comes with the finding it answers. Besides the autocast line, fp16 needs
+# the GradScaler (most of `stem.0`'s output gradients are below 2^-24 and would be zero unscaled),
+# and `stem.0` must stay in fp32.
+
+# %%
+advice = pd.DataFrame(hazard.advice_rows())
+stem = next(r for r in hazard.ranges if r.module == "stem.0")
+assert stem.grad_below_smallest > 0.5  # most of stem.0's output gradients: zero unscaled
+assert any("self.stem[0](h.float())" in line for line in advice["line"])
+assert any("GradScaler" in line for line in advice["line"])
+print(advice.to_string(index=False))
+
+# %% [markdown]
+# ## 4. Following the advice
+#
+# You write the advice into the model's `forward`: `stem.0` runs in an autocast-disabled region
+# on fp32 inputs, so its outputs past 65504 stay fp32, and the `LayerNorm` gets them in fp32.
+# The rest of the model keeps running in fp16. The same check-up, from the same weights:
+
+# %%
+class CountsFixed(Counts):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):  # stem.0 in fp32
+            h = self.stem[0](x.float())
+        return self.body(self.stem[1](h))
+
+
+torch.manual_seed(0)
+fixed = amp_checkup(CountsFixed().to(info.device), (counts, target), nn.functional.mse_loss,
+                    dtype=torch.float16, steps=STEPS, ceiling=ceiling)
+assert fixed.fp16_overflows == ["stem.0"]  # its fp32 outputs still pass 65504 ...
+assert not fixed.ran_low("stem.0") and fixed.flagged == []  # ... but it no longer runs in fp16
+assert fixed.ran_low("body.0")  # the rest still does
+assert fixed.first_nonfinite is None and fixed.agrees, (fixed.output_rel_diff, fixed.loss_rel_gap)
+print(f"fixed: outputs differ by {fixed.output_rel_diff:.2e} (relative), loss curves by "
+      f"{fixed.loss_rel_gap:.2e}")
+fig = plot_losses(fixed.losses, title="Raw-counts model, stem.0 in fp32: fp32 and fp16 agree",
+                  ylabel="MSE loss (log scale)")
+
+# %% [markdown]
+# ## 5. Bad input gets one plain line
+#
+# The check-up tells you in one line what it cannot work with instead of a traceback from deep
+# inside: a model that returns a dict, or a loss that is already NaN in fp32 (then the problem
+# is not AMP's).
+
+# %%
+class ReturnsDict(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"prediction": self.linear(x)}
+
+
+for model, batch in ((ReturnsDict(), (counts, target)), (Counts(), (counts * math.nan, target))):
+    try:
+        amp_checkup(model.to(info.device), batch, nn.functional.mse_loss, ceiling=ceiling)
+    except CheckupError as err:
+        print(err)
+        assert "\n" not in str(err) and ("not a tensor" in str(err) or "in fp32" in str(err))
+    else:
+        raise AssertionError("the check-up ran on bad input")
+
+# %% [markdown]
+# For a script, `report.as_dict()` is the report as plain numbers and strings (`json.dumps` it),
+# and the command line runs the check-up on a function of yours that returns
+# `(model, (inputs, targets), loss_fn)`:
+#
+# ```bash
+# python -m amp_tutorial.checkup my_project.models:make_for_checkup --json > checkup.json
+# ```
+
+# %%
+as_json = fixed.as_dict()
+assert {"amp_dtype", "ranges", "ops", "advice", "losses", "timing_ms"} <= set(as_json)
+# nothing here loaded the class service's client: the check-up sends your model nowhere
+assert not {"amp_tutorial.class_sync", "amp_tutorial.progress"} & set(sys.modules)
+sorted(as_json)
+
+# %% [markdown]
+# ## Try it
+#
+# 1. **Your own model.** Replace `Counts()` and `(counts, target)` in section 3 with your model,
+#    one real batch of your data and your loss function, and drop `dtype=torch.float16` to check
+#    the dtype your device prefers. Read the summary first, then the advice: every line names the
+#    finding it answers.
+# 2. **Normalise instead.** In section 3, feed `counts / 1e5` instead of `counts`. You should see
+#    `fp16_overflows == []` and an fp16 run that agrees with fp32, without an fp32 region.
+# 3. **bf16.** In section 3, pass `dtype=torch.bfloat16` (where your device offers it). The ranges
+#    table still says fp16 would overflow in `stem.0`, but nothing is flagged and the runs agree:
+#    bf16 has fp32's exponent range.
+
+# %% [markdown]
+# ## What to remember
+#
+# - `amp_checkup(model, (inputs, targets), loss_fn)` recommends a dtype for your device (bf16
+#   needs no GradScaler, fp16 does) and says why.
+# - Compare each module's largest activation with 65504 before you train in fp16: a module past
+#   it gives `inf`, and the check-up names it.
+# - Keep such a module in fp32 (`torch.autocast(..., enabled=False)` on `.float()` inputs, or
+#   `custom_fwd(cast_inputs=torch.float32)`) and check again: fp16 then agrees with fp32.
+# - The share of step time in fp32 ops is what AMP cannot speed up; the matmul ceiling is the
+#   most it can.
+
+# %% [markdown]
+# ## Sources
+#
+# - [`torch.finfo`](https://docs.pytorch.org/docs/stable/type_info.html): fp16's largest value
+#   (65504) and smallest normal (`tiny`, 2^-14).
+# - [torch.amp, Autocast Op Reference](https://docs.pytorch.org/docs/stable/amp.html#autocast-op-reference)
+#   and [`aten/src/ATen/autocast_mode.cpp`](https://github.com/pytorch/pytorch/blob/v2.14.1/aten/src/ATen/autocast_mode.cpp):
+#   `addmm`/`linear` and `convolution` on the lower-precision lists; `layer_norm` on none of the
+#   CPU's lists and on CUDA's fp32 list.
+# - [torch.amp, autocast](https://docs.pytorch.org/docs/stable/amp.html#torch.autocast):
+#   `enabled=False` inside an autocast region, with inputs cast to float32, runs that region in
+#   fp32; `torch.amp.custom_fwd(cast_inputs=...)` does it for a function.
+# - [`torch/amp/grad_scaler.py`](https://github.com/pytorch/pytorch/blob/v2.14.1/torch/amp/grad_scaler.py):
+#   the GradScaler the check-up uses for fp16, and `GradScaler("cpu")`.

@@ -1,0 +1,707 @@
+"""An AMP check-up of your own model: which dtype, whether it needs a scaler, where fp16 would
+overflow or bf16 round a signal away, whether AMP agrees with fp32, and what AMP gains here.
+
+``amp_checkup(model, batch, loss_fn)`` runs your own training step a bounded number of times in
+fp32 and under autocast, each from the same weights (restored afterwards: your model is left as
+it was), and puts the course's instruments behind one call: the dtype trace of
+``autocast_policy.trace_dtypes`` (grouped by module), ``nonfinite.first_nonfinite_module``,
+``measure.saved_activation_bytes`` and ``StepTimer``, and ``ceiling.matmul_ceiling``. Nothing of
+the model leaves the process: this module sends nothing to the class service.
+
+Command line: ``python -m amp_tutorial.checkup my_module:make`` where ``make()`` returns
+``(model, (inputs, targets), loss_fn)``; ``--json`` prints the report as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import json
+import math
+import os
+import sys
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from amp_tutorial.autocast_policy import OpTrace, trace_dtypes
+from amp_tutorial.ceiling import Ceiling, matmul_ceiling
+from amp_tutorial.device import DeviceInfo, dtype_name, fp32_baseline, select_device, tf32_state
+from amp_tutorial.measure import (
+    StepTimer,
+    free_memory,
+    peak_memory_bytes,
+    reset_peak_memory,
+    saved_activation_bytes,
+)
+from amp_tutorial.nonfinite import first_nonfinite_module
+from amp_tutorial.steps import _amp_train_step
+
+FP16_MAX = torch.finfo(torch.float16).max  # 65504: larger values become inf
+FP16_TINY = torch.finfo(torch.float16).tiny  # 2**-14, the smallest normal fp16
+FP16_SMALLEST = 2.0**-24  # the smallest subnormal fp16: anything below rounds to zero
+MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7}  # stored fraction bits
+ROUNDING_LIMIT = 0.5  # a rounding step above half the sample-to-sample spread loses the signal
+AGREEMENT = {torch.float16: 0.02, torch.bfloat16: 0.05}  # relative difference called agreement
+CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+MODEL = "(model)"  # the model's own forward, outside its submodules
+Batch = tuple[torch.Tensor, torch.Tensor]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class CheckupError(ValueError):
+    """The check-up cannot run on this input; the message says why in one plain line."""
+
+
+@dataclass(frozen=True)
+class ModuleRange:
+    """One module's output and output-gradient magnitudes in the fp32 step, against the AMP
+    dtype's limits."""
+
+    module: str
+    type: str
+    act_max: float  # largest |output| in fp32
+    grad_max: float  # largest |d loss / d output| in fp32
+    grad_below_tiny: float  # share of nonzero output gradients below fp16's smallest normal
+    grad_below_smallest: float  # share below fp16's smallest subnormal: zero in fp16 unscaled
+    rounding: float  # the AMP dtype's rounding step at the typical value / spread over samples
+    overflows_fp16: bool
+    rounds_signal_away: bool
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One line to write, and the finding it answers."""
+
+    line: str
+    why: str
+
+
+@dataclass
+class Checkup:
+    """What ``amp_checkup`` found; ``as_dict()`` for JSON, the ``*_rows`` for tables."""
+
+    device: str
+    amp_dtype: str  # the dtype checked
+    dtype_why: str
+    recommended: str  # the device's preferred AMP dtype, and why
+    grad_scaler: bool
+    tf32: str
+    ops: list[OpTrace]
+    ranges: list[ModuleRange]
+    scale_needed: float | None  # smallest power of two lifting 99% of gradients to fp16 normals
+    scale_max: float | None  # the largest scale before the largest gradient overflows fp16
+    skipped_steps: list[bool]  # per AMP step: the GradScaler skipped it (gradients overflowed)
+    final_scale: float | None  # the GradScaler's scale after the AMP steps
+    losses: dict[str, list[float]]
+    output_max_abs_diff: float
+    output_rel_diff: float
+    loss_rel_gap: float
+    agrees: bool
+    first_nonfinite: str | None
+    timing_ms: dict[str, float]
+    timing_iqr_ms: dict[str, float]
+    peak_bytes: dict[str, int | None]
+    saved_activation_bytes: dict[str, int]
+    ceiling: dict[str, object]
+    ceiling_ratio: float | None
+    advice: list[Advice] = field(default_factory=list)
+
+    @property
+    def flagged(self) -> list[str]:
+        """Modules whose range or precision the AMP dtype cannot hold (fp16 overflow, or a
+        rounding step larger than the signal)."""
+        low = self.amp_dtype
+        return [r.module for r in self.ranges if self.ran_low(r.module)
+                and ((r.overflows_fp16 and low == "fp16") or r.rounds_signal_away)]
+
+    def ran_low(self, module: str) -> bool:
+        """Whether any op of ``module`` (or of a module inside it) ran in the AMP dtype; a
+        module kept in fp32 (``autocast(enabled=False)``, ``custom_fwd``) ran none."""
+        inside = (lambda w: w not in ("(loss)", "(backward)")) if module == MODEL else (
+            lambda w: w == module or w.startswith(module + "."))
+        return any(inside(op.where) and _op_kind(op, self.amp_dtype) == "low"
+                   for op in self.ops)
+
+    @property
+    def fp16_overflows(self) -> list[str]:
+        """Modules whose fp32 outputs exceed 65504, whatever the AMP dtype: fp16 would give inf."""
+        return [r.module for r in self.ranges if r.overflows_fp16]
+
+    @property
+    def fp32_time_share(self) -> float:
+        """Share of the traced AMP step's op time (forward, loss, backward) in ops that ran in
+        fp32, the casts autocast inserts not counted as either."""
+        times = Counter()
+        for op in self.ops:
+            times[_op_kind(op, self.amp_dtype)] += op.seconds
+        total = times["fp32"] + times["low"] + times["cast"]
+        return times["fp32"] / total if total else 0.0
+
+    @property
+    def speedup(self) -> float:
+        """t_fp32 / t_amp, medians of the timed steps."""
+        return self.timing_ms["fp32"] / self.timing_ms["amp"]
+
+    def summary_rows(self) -> list[dict[str, object]]:
+        return [
+            {"finding": "device", "value": self.device},
+            {"finding": "recommended dtype", "value": self.recommended.split(":")[0],
+             "why": self.recommended.split(": ", 1)[-1]},
+            {"finding": "dtype checked", "value": self.amp_dtype, "why": self.dtype_why},
+            {"finding": "GradScaler", "value": "needed" if self.grad_scaler else "not needed",
+             "why": "fp16's exponent range is narrow: small gradients flush to zero" if
+             self.grad_scaler else f"{self.amp_dtype} has fp32's exponent range"},
+            {"finding": "TF32", "value": self.tf32},
+            {"finding": "share of op time in fp32 under autocast",
+             "value": f"{self.fp32_time_share:.0%}"},
+            {"finding": "modules the AMP dtype cannot hold", "value": ", ".join(self.flagged)
+             or "none"},
+            {"finding": "fp16 would overflow in", "value": ", ".join(self.fp16_overflows)
+             or "none", "why": "outputs past fp16's largest value, 65504 (in the fp32 step)"},
+        ]
+
+    def op_rows(self) -> list[dict[str, object]]:
+        """Per module (and the loss and backward): which ops ran in which dtype, and their time."""
+        rows: dict[str, dict[str, object]] = {}
+        for op in self.ops:
+            row = rows.setdefault(op.where, {"module": op.where, "low": Counter(),
+                                             "fp32": Counter(), "cast": 0, "time (ms)": 0.0})
+            kind = _op_kind(op, self.amp_dtype)
+            if kind == "cast":
+                row["cast"] += 1
+            else:
+                row[kind][op.op] += 1
+            row["time (ms)"] += op.seconds * 1e3
+        return [{"module": r["module"], f"ran in {self.amp_dtype}": _counts(r["low"]),
+                 "ran in fp32": _counts(r["fp32"]), "casts": r["cast"],
+                 "time (ms)": round(r["time (ms)"], 3)} for r in rows.values()]
+
+    def range_rows(self) -> list[dict[str, object]]:
+        return [{"module": r.module, "type": r.type, "max |activation|": r.act_max,
+                 "max |gradient|": r.grad_max,
+                 "gradients < 2^-14": f"{r.grad_below_tiny:.1%}",
+                 "gradients < 2^-24": f"{r.grad_below_smallest:.1%}",
+                 f"{self.amp_dtype} step / spread": round(r.rounding, 4),
+                 "fp16 overflows": r.overflows_fp16, "signal rounded away": r.rounds_signal_away}
+                for r in self.ranges]
+
+    def payoff_rows(self) -> list[dict[str, object]]:
+        rows = []
+        for mode in ("fp32", "amp"):
+            peak = self.peak_bytes[mode]
+            rows.append({"run": self.tf32_label(mode), "time/step median (ms)":
+                         round(self.timing_ms[mode], 3),
+                         "time/step IQR (ms)": round(self.timing_iqr_ms[mode], 3),
+                         "speedup (t_fp32 / t)": round(self.timing_ms["fp32"]
+                                                       / self.timing_ms[mode], 2),
+                         "peak memory (MB)": round(peak / 2**20, 2) if peak is not None
+                         else float("nan"),
+                         "saved activations (MB)": round(self.saved_activation_bytes[mode]
+                                                         / 2**20, 3),
+                         "matmul ceiling (t_fp32 / t)": (round(self.ceiling_ratio, 2) if
+                                                         mode == "amp" and self.ceiling_ratio
+                                                         else None)})
+        return rows
+
+    def tf32_label(self, mode: str) -> str:
+        return self.amp_dtype + " autocast" if mode == "amp" else "fp32"
+
+    def advice_rows(self) -> list[dict[str, str]]:
+        return [asdict(a) for a in self.advice]
+
+    def as_dict(self) -> dict[str, object]:
+        """Everything as plain numbers and strings, for ``json.dumps``."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("ops", "ranges", "advice")}
+        out.update(ops=self.op_rows(), ranges=[asdict(r) for r in self.ranges],
+                   advice=self.advice_rows(), flagged=self.flagged,
+                   fp32_time_share=self.fp32_time_share, speedup=self.speedup)
+        return json.loads(json.dumps(out, default=str, allow_nan=True))
+
+    def text(self) -> str:
+        """The report as plain text: one section per table."""
+        sections = [("summary", self.summary_rows()), ("ops by module", self.op_rows()),
+                    ("ranges", self.range_rows()), ("payoff", self.payoff_rows()),
+                    ("what to do", self.advice_rows())]
+        lines = [f"agreement: output differs by {self.output_rel_diff:.2e} (relative), loss "
+                 f"curves by {self.loss_rel_gap:.2e}: {'agree' if self.agrees else 'DISAGREE'}"]
+        for title, rows in sections:
+            lines.append(f"\n== {title} ==")
+            lines += ["  " + "; ".join(f"{k}: {v}" for k, v in row.items()) for row in rows]
+        return "\n".join(lines)
+
+
+def _op_kind(op: OpTrace, low: str) -> str:
+    if op.op in ("_to_copy", "to", "copy_") and op.inputs and op.inputs[0] != op.output:
+        return "cast"
+    return "low" if op.output == low else "fp32"
+
+
+def _attribute(module: str) -> str:
+    """``stem.0`` -> ``self.stem[0]``: how the parent's forward calls that module."""
+    if module == MODEL:
+        return "model"
+    return "self" + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in module.split("."))
+
+
+def _counts(counter: Counter) -> str:
+    return ", ".join(f"{name} x{n}" if n > 1 else name for name, n in counter.most_common())
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    tensor = next(model.parameters(), None)
+    if tensor is None:
+        tensor = next(model.buffers(), None)
+    return tensor.device if tensor is not None else torch.device("cpu")
+
+
+def free_bytes_on(device: torch.device) -> int | None:
+    """Bytes free on ``device`` now: the CUDA/ROCm driver's figure, the host's available memory
+    on a CPU, None where the device does not say."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "cpu":
+        try:  # MemAvailable counts the page cache the kernel can drop; sysconf's free pages don't
+            with open("/proc/meminfo") as meminfo:
+                for line in meminfo:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        if hasattr(os, "sysconf"):
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def bytes_needed(model: nn.Module) -> int:
+    """What the check-up holds beyond the batch: weights, gradients, two optimizer states (Adam)
+    and its copy of the weights to restore them: five times the parameters and buffers."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    return 5 * params + 2 * buffers
+
+
+def _check_inputs(model: nn.Module, batch: object, device: torch.device,
+                  free_bytes: int | None) -> Batch:
+    if not isinstance(model, nn.Module):
+        raise CheckupError(f"the model is a {type(model).__name__}, not a torch.nn.Module")
+    if (not isinstance(batch, (tuple, list)) or len(batch) != 2
+            or not all(isinstance(t, torch.Tensor) for t in batch)):
+        raise CheckupError("the batch must be a pair of tensors (inputs, targets), as "
+                           "loss_fn(model(inputs), targets) takes them")
+    for name, tensor in zip(("inputs", "targets"), batch, strict=True):
+        if tensor.device != device:
+            raise CheckupError(f"the batch's {name} are on {tensor.device} but the model is on "
+                               f"{device}: move them with .to({str(device)!r})")
+    need = bytes_needed(model)
+    free = free_bytes_on(device) if free_bytes is None else free_bytes
+    if free is not None and need > free:
+        raise CheckupError(f"the model is too big for {device}: the check-up needs about "
+                           f"{need / 2**30:.2f} GiB (weights, gradients, two optimizer states "
+                           f"and a copy of the weights) and {free / 2**30:.2f} GiB is free; run "
+                           "it on a bigger device or on a smaller configuration of the model")
+    return batch[0], batch[1]
+
+
+def _too_big(err: BaseException) -> bool:
+    oom = getattr(torch, "OutOfMemoryError", None)
+    return (oom is not None and isinstance(err, oom)) or "out of memory" in str(err).lower()
+
+
+def _first_forward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                   loss_fn: LossFn, device: torch.device) -> None:
+    """The fp32 forward and loss once, turning each way it can fail into one plain line."""
+    try:
+        with torch.no_grad():
+            output = model(inputs)
+    except Exception as err:  # noqa: BLE001 - any error of the learner's model is the finding
+        if _too_big(err):
+            raise CheckupError(f"the model ran out of memory on {device} in one fp32 forward "
+                               "pass: run the check-up on a bigger device or a smaller "
+                               "batch") from err
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise CheckupError(f"the model raised {type(err).__name__} in an fp32 forward pass on "
+                           f"this batch, before any AMP: {first}") from err
+    if not isinstance(output, torch.Tensor):
+        raise CheckupError(f"the model returned a {type(output).__name__}, not a tensor: wrap "
+                           "it so that forward returns the one tensor loss_fn takes (e.g. "
+                           "out['logits'])")
+    with torch.no_grad():
+        loss = loss_fn(output, targets)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise CheckupError("loss_fn must return a one-element tensor (the loss), got "
+                           f"{type(loss).__name__}"
+                           + (f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
+                              else ""))
+    if not math.isfinite(float(loss)):
+        with torch.no_grad():
+            where = first_nonfinite_module(model, lambda: model(inputs))
+        if not bool(inputs.isfinite().all()) if inputs.is_floating_point() else False:
+            cause = "the inputs hold inf or NaN"
+        elif where is not None:
+            cause = str(where)
+        elif targets.is_floating_point() and not bool(targets.isfinite().all()):
+            cause = "the targets hold inf or NaN"
+        else:
+            cause = "every module's output is finite, so the loss function made it"
+        raise CheckupError(f"the loss is {float(loss)} in fp32, before any AMP ({cause}): fix "
+                           "the model or the data in fp32 first")
+
+
+def _recommend(info: DeviceInfo, dtype: torch.dtype) -> str:
+    name = dtype_name(dtype)
+    if dtype == torch.bfloat16:
+        native = {True: "this device computes bf16 natively", False: "this device only emulates "
+                  "bf16 (slow)", None: "whether bf16 is native here is not known"}
+        return f"{native[info.native_bf16]}; bf16 keeps fp32's exponent range, so no GradScaler"
+    why = f"{name} has a narrow range (max 65504, smallest normal 2^-14): it needs a GradScaler"
+    if torch.bfloat16 not in info.amp_dtypes:
+        return f"{why}; bf16 is not offered here"
+    if dtype != info.amp_dtype:
+        return f"{why}; checked because you asked for it (this device prefers " \
+               f"{dtype_name(info.amp_dtype)})"
+    said = [note for note in info.notes if name in note]  # e.g. AMP_TUTORIAL_DTYPE=fp16 ...
+    return f"{why}; first of this device's AMP dtypes" + (f" ({'; '.join(said)})" if said else "")
+
+
+class _ModuleWatch:
+    """Forward hooks on every module that is not a plain container: the running module's name
+    (for the op trace), and in the fp32 step each output's range and its gradient."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None = None) -> None:
+        self.modules = [(n or MODEL, m) for n, m in model.named_modules()
+                        if not n or not isinstance(m, CONTAINERS)]
+        self.stack: list[str] = []
+        self.phase = "(loss)"
+        self.dtype = dtype  # given: measure each output and its gradient (numbers, no tensors)
+        self.outputs: dict[str, tuple[float, float]] = {}  # name -> (max |output|, rounding)
+        self.grads: dict[str, tuple[float, float, float, torch.Tensor]] = {}  # max, 2 shares,
+        # and a strided sample of the nonzero |gradient| values for the scale's quantile
+
+    def where(self) -> str:
+        return self.stack[-1] if self.stack else self.phase
+
+    def __enter__(self) -> _ModuleWatch:
+        self.handles = []
+        for name, module in self.modules:
+            self.handles.append(module.register_forward_pre_hook(
+                lambda _m, _a, name=name: self.stack.append(name)))
+            self.handles.append(module.register_forward_hook(self._post(name)))
+        return self
+
+    def _post(self, name: str) -> Callable[..., None]:
+        def hook(_module: nn.Module, _args: object, output: object) -> None:
+            self.stack.pop()
+            if (self.dtype is not None and isinstance(output, torch.Tensor)
+                    and output.is_floating_point()):
+                out = output.detach()
+                self.outputs[name] = (float(out.abs().max()) if out.numel() else 0.0,
+                                      _rounding(out, self.dtype))
+                if output.requires_grad:
+                    output.register_hook(lambda g, name=name: self._grad(name, g))
+        return hook
+
+    def _grad(self, name: str, grad: torch.Tensor) -> None:
+        g = grad.detach().abs().flatten()
+        nonzero = g[g > 0].float()
+        shares = [float((nonzero < limit).float().mean()) if nonzero.numel() else 0.0
+                  for limit in (FP16_TINY, FP16_SMALLEST)]
+        sample = nonzero[::max(1, nonzero.numel() // 100_000)]
+        self.grads[name] = (float(g.max()) if g.numel() else 0.0, *shares, sample)
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _rounding(output: torch.Tensor, dtype: torch.dtype) -> float:
+    """The dtype's rounding step at each feature's typical value over that feature's spread
+    across the samples (median over features): above ``ROUNDING_LIMIT`` rounding swamps what
+    tells one sample from another. Features are the last dimension (the channels of an image);
+    the samples are every other position. Features that do not vary are left out."""
+    if output.dim() >= 4:  # (N, C, H, W, ...): each channel a feature, each pixel a sample
+        output = output.movedim(1, -1)
+    if output.dim() < 2 or output.numel() // output.shape[-1] < 2:
+        return 0.0
+    flat = output.float().reshape(-1, output.shape[-1])  # samples x features
+    mean, spread = flat.mean(0).abs(), flat.std(0)
+    keep = (spread > 0) & (mean > 0)
+    if not bool(keep.any()):
+        return 0.0
+    step = torch.exp2(torch.floor(torch.log2(mean[keep])) - MANTISSA_BITS[dtype])
+    return float((step / spread[keep]).median())
+
+
+def _ranges(watch: _ModuleWatch, dtype: torch.dtype) -> list[ModuleRange]:
+    rows, rounded = [], False
+    for name, module in watch.modules:
+        if name not in watch.outputs:
+            continue
+        act_max, rounding = watch.outputs[name]
+        grad_max, below_tiny, below_smallest, _ = watch.grads.get(name, (0.0, 0.0, 0.0, None))
+        first_rounded = rounding > ROUNDING_LIMIT and not rounded  # later ones inherit it
+        rounded = rounded or first_rounded
+        rows.append(ModuleRange(name, type(module).__name__, act_max, grad_max, below_tiny,
+                                below_smallest, rounding, act_max > FP16_MAX, first_rounded))
+    return rows
+
+
+def _scales(watch: _ModuleWatch) -> tuple[float | None, float | None]:
+    samples = [sample for *_, sample in watch.grads.values() if sample.numel()]
+    if not samples:
+        return None, None
+    low = float(torch.quantile(torch.cat(samples), 0.01))  # of strided samples: size-limited
+    needed = 2.0 ** max(0, math.ceil(math.log2(FP16_TINY / low)))
+    return needed, FP16_MAX / max(g[0] for g in watch.grads.values())
+
+
+def _train(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.Tensor,
+           loss_fn: LossFn, dtype: torch.dtype | None, make_optimizer: Callable,
+           steps: int, warmup: int, device: torch.device) -> tuple[list[float], StepTimer,
+                                                                    int | None, list[bool],
+                                                                    float | None]:
+    """``steps`` training steps from the initial weights, fp32 (``dtype`` None) or AMP with a
+    GradScaler for fp16: losses, the StepTimer and the allocator's peak, as the bench takes
+    them, and which steps the scaler skipped (its scale went down: the gradients overflowed)."""
+    model.load_state_dict(initial)
+    optimizer = make_optimizer(model.parameters())
+    scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
+    step = _amp_train_step(model, optimizer, lambda _: (inputs, targets), loss_fn, device.type,
+                           dtype, scaler)
+    free_memory(device)
+    reset_peak_memory(device)
+    timer = StepTimer(device, warmup=warmup)
+    losses, skipped = [], []
+    scale = scaler.get_scale() if scaler is not None else 1.0
+    for i in range(steps):
+        with timer.step():
+            losses.append(step(i))
+        before, scale = scale, scaler.get_scale() if scaler is not None else 1.0
+        skipped.append(scale < before)
+    return (losses, timer, peak_memory_bytes(device), skipped,
+            scale if scaler is not None else None)
+
+
+def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advice]:
+    kind, name = info.type, dtype_name(dtype)
+    torch_dtype = f"torch.{str(dtype).split('.')[-1]}"
+    out = [Advice(f'with torch.autocast(device_type="{kind}", dtype={torch_dtype}):  '
+                  "# forward and loss only", f"{name}: {report.dtype_why}")]
+    if report.grad_scaler:
+        share = max((r.grad_below_smallest for r in report.ranges), default=0.0)
+        lift = (f"; a scale of at least {report.scale_needed:g} lifts 99% of the gradients "
+                "above fp16's smallest normal" if report.scale_needed else "")
+        out.append(Advice(f'scaler = torch.amp.GradScaler("{kind}"); '
+                          "scaler.scale(loss).backward(); scaler.step(optimizer); "
+                          "scaler.update()",
+                          f"fp16: up to {share:.1%} of a module's output gradients are below "
+                          f"2^-24 and would be zero unscaled{lift}; the largest safe scale is "
+                          f"{report.scale_max:.3g}" if report.scale_max else "fp16 needs it"))
+        n_skipped = sum(report.skipped_steps)
+        if n_skipped and report.final_scale:
+            out.append(Advice(f'scaler = torch.amp.GradScaler("{kind}", '
+                              f"init_scale={report.final_scale:g})",
+                              f"the scaler skipped {n_skipped} of {len(report.skipped_steps)} "
+                              "steps backing off from 65536 (gradients overflowed fp16); it "
+                              f"settled at {report.final_scale:g}"))
+    for r in report.ranges:
+        if r.module not in report.flagged:
+            continue
+        why = (f"{r.module} ({r.type}) outputs up to {r.act_max:.3g}, past fp16's 65504"
+               if r.overflows_fp16 and name == "fp16" else
+               f"{r.module} ({r.type}): {name}'s rounding step is {r.rounding:.3g}x the spread "
+               "of its outputs across samples, so the signal is rounded away")
+        call = _attribute(r.module)
+        out.append(Advice(f'with torch.autocast("{kind}", enabled=False): h = {call}(h.float())'
+                          f"  # keep {r.module} in fp32 (or decorate its forward with "
+                          f'@torch.amp.custom_fwd(device_type="{kind}", '
+                          "cast_inputs=torch.float32))", why))
+    loss_ops = [op for op in report.ops if op.where == "(loss)" and op.op != "_to_copy"]
+    if loss_ops and loss_ops[-1].output == name:
+        out.append(Advice("loss = loss_fn(output.float(), targets)",
+                          f"the loss was computed in {name}; in fp32 it keeps its precision"))
+    tf32 = tf32_state()
+    if kind == "cuda" and not info.is_rocm and torch.cuda.get_device_capability()[0] >= 8 \
+            and not tf32["matmuls"]:
+        out.append(Advice('torch.backends.cuda.matmul.fp32_precision = "tf32"  # torch >= 2.9',
+                          "the ops autocast keeps in fp32 run their matmuls in IEEE fp32 here; "
+                          "TF32 speeds them up on this GPU"))
+    if report.speedup < 1:
+        out.append(Advice("# keep this model in fp32 on this device",
+                          f"AMP ran at {report.speedup:.2f}x fp32's speed here (t_fp32 / t_amp)"))
+    return out
+
+
+def amp_checkup(model: nn.Module, batch: Batch, loss_fn: LossFn, *,
+                dtype: torch.dtype | None = None, steps: int = 6, warmup: int = 1,
+                make_optimizer: Callable | None = None, ceiling: Ceiling | None = None,
+                ceiling_sizes: Sequence[int] = (512,), free_bytes: int | None = None,
+                info: DeviceInfo | None = None) -> Checkup:
+    """Check ``model`` for AMP on ``batch = (inputs, targets)`` with ``loss_fn(output, targets)``.
+
+    Runs ``steps`` training steps in fp32 and under autocast in ``dtype`` (default: the device's
+    preferred AMP dtype, with a GradScaler for fp16), from the same weights, with
+    ``make_optimizer(params)`` (default AdamW, lr 1e-3); the first ``warmup`` are not timed. The
+    model's weights, buffers and train/eval mode are restored afterwards. ``ceiling`` reuses a
+    measured matmul ceiling (else one is measured at ``ceiling_sizes``); ``free_bytes``
+    overrides the device's free memory. Raises CheckupError with one plain line on bad input.
+    """
+    device = _device_of(model) if isinstance(model, nn.Module) else torch.device("cpu")
+    inputs, targets = _check_inputs(model, batch, device, free_bytes)
+    if steps <= warmup:
+        raise CheckupError(f"steps ({steps}) must be more than warmup ({warmup})")
+    info = info or select_device(str(device))
+    dtype = dtype or info.amp_dtype
+    if dtype not in MANTISSA_BITS:
+        raise CheckupError(f"{device} offers no AMP dtype here (torch {torch.__version__})")
+    make_optimizer = make_optimizer or (lambda params: torch.optim.AdamW(params, lr=1e-3))
+    was_training = model.training
+    initial = copy.deepcopy(model.state_dict())
+    try:
+        _first_forward(model, inputs, targets, loss_fn, device)
+        return _run(model, initial, inputs, targets, loss_fn, dtype, info, steps, warmup,
+                    make_optimizer, ceiling, ceiling_sizes)
+    except CheckupError:
+        raise
+    except Exception as err:
+        if _too_big(err):
+            raise CheckupError(f"the model ran out of memory on {device} during the check-up's "
+                               "training steps: run it on a bigger device or a smaller "
+                               "batch") from err
+        raise
+    finally:
+        model.load_state_dict(initial)
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+
+
+def _run(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.Tensor,
+         loss_fn: LossFn, dtype: torch.dtype, info: DeviceInfo, steps: int, warmup: int,
+         make_optimizer: Callable, ceiling: Ceiling | None,
+         ceiling_sizes: Sequence[int]) -> Checkup:
+    device, kind = info.device, info.type
+    model.train()  # the check-up trains; the caller's mode comes back in amp_checkup
+
+    def forward_loss(amp: bool) -> torch.Tensor:
+        watch.phase = MODEL
+        with torch.autocast(kind, dtype=dtype, enabled=amp):
+            output = model(inputs)
+            watch.phase = "(loss)"
+            return loss_fn(output, targets)
+
+    # ranges: one fp32 forward and backward with every module's output and gradient kept, the
+    # bytes saved for backward counted on the way
+    saved = {}
+    model.load_state_dict(initial)
+    with _ModuleWatch(model, dtype) as watch:
+        kept: list[torch.Tensor] = []
+        saved["fp32"] = saved_activation_bytes(lambda: kept.append(forward_loss(False)))
+        kept.pop().backward()
+    ranges, (scale_needed, scale_max) = _ranges(watch, dtype), _scales(watch)
+    del watch.outputs, watch.grads
+    model.zero_grad(set_to_none=True)
+
+    # ops: one AMP forward, loss and backward, each kernel timed and tagged with its module
+    model.load_state_dict(initial)
+    with _ModuleWatch(model) as watch:
+        def amp_step() -> None:
+            losses = []
+            saved["amp"] = saved_activation_bytes(lambda: losses.append(forward_loss(True)))
+            watch.phase = "(backward)"
+            losses[0].float().backward()
+        ops = trace_dtypes(amp_step, where=watch.where, timed_on=device)
+    model.zero_grad(set_to_none=True)
+
+    # agreement of the outputs from the same weights in eval mode (no dropout, the same
+    # normalisation statistics), and where AMP first goes non-finite
+    model.load_state_dict(initial)
+    model.eval()
+    outputs = {}
+    with torch.no_grad():
+        outputs["fp32"] = model(inputs).float()
+        with torch.autocast(kind, dtype=dtype):
+            bad = first_nonfinite_module(model, lambda: outputs.setdefault(
+                "amp", model(inputs).float()))
+    model.train()
+    ref, amp_out = outputs["fp32"], outputs["amp"]
+    max_diff = float((amp_out - ref).abs().max())
+    rel = float(torch.linalg.vector_norm(amp_out - ref) / torch.linalg.vector_norm(ref).clamp_min(
+        torch.finfo(torch.float32).tiny))
+    if not math.isfinite(max_diff):
+        rel = math.inf
+
+    # payoff and loss curves: the learner's step, fp32 then AMP, from the same weights and the
+    # same random numbers (dropout), the caller's random state kept
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(0)
+        losses32, timer32, peak32, _, _ = _train(model, initial, inputs, targets, loss_fn, None,
+                                           make_optimizer, steps, warmup, device)
+        torch.manual_seed(0)
+        losses_amp, timer_amp, peak_amp, skipped, final_scale = _train(
+            model, initial, inputs, targets, loss_fn, dtype, make_optimizer, steps, warmup,
+            device)
+    # a skipped step leaves the weights as they were: AMP's loss after k applied updates is
+    # compared with fp32's after k updates
+    applied = [sum(not s for s in skipped[:i]) for i in range(len(skipped))]
+    gaps = [abs(a - losses32[k]) / max(abs(losses32[k]), 1e-12)
+            for a, k in zip(losses_amp, applied, strict=True)]
+    gap = max(gaps) if all(math.isfinite(x) for x in losses_amp) else math.inf
+    ceiling = ceiling or matmul_ceiling(info, tuple(ceiling_sizes), steps=10, budget_s=0.5)
+    name = dtype_name(dtype)
+    tf32 = fp32_baseline(info) if kind == "cuda" else "not on this device (NVIDIA CUDA only)"
+    report = Checkup(
+        device=str(info), amp_dtype=name, dtype_why=_recommend(info, dtype),
+        recommended=f"{dtype_name(info.amp_dtype)}: {_recommend(info, info.amp_dtype)}",
+        grad_scaler=dtype == torch.float16, tf32=tf32, ops=ops, ranges=ranges,
+        scale_needed=scale_needed, scale_max=scale_max, skipped_steps=skipped,
+        final_scale=final_scale,
+        losses={"fp32": losses32, name: losses_amp}, output_max_abs_diff=max_diff,
+        output_rel_diff=rel, loss_rel_gap=gap,
+        agrees=rel <= AGREEMENT[dtype] and gap <= AGREEMENT[dtype],
+        first_nonfinite=str(bad) if bad is not None else None,
+        timing_ms={"fp32": timer32.timing.median * 1e3, "amp": timer_amp.timing.median * 1e3},
+        timing_iqr_ms={"fp32": timer32.timing.iqr * 1e3, "amp": timer_amp.timing.iqr * 1e3},
+        peak_bytes={"fp32": peak32, "amp": peak_amp}, saved_activation_bytes=saved,
+        ceiling=ceiling.as_dict(),
+        ceiling_ratio=ceiling.best_ratio(name) if name in ceiling.low_dtypes else None)
+    report.advice = _advice(report, info, dtype)
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m amp_tutorial.checkup module:function``: the check-up of what ``function()``
+    returns, ``(model, (inputs, targets), loss_fn)``, as text or ``--json``."""
+    parser = argparse.ArgumentParser(prog="python -m amp_tutorial.checkup",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("target", help="module:function returning (model, batch, loss_fn)")
+    parser.add_argument("--dtype", choices=("bf16", "fp16"), help="default: the device's")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    module_name, _, function = args.target.partition(":")
+    try:
+        if not function:
+            raise CheckupError(f"{args.target!r} is not module:function (e.g. my_model:make)")
+        sys.path.insert(0, os.getcwd())
+        try:
+            make = getattr(importlib.import_module(module_name), function)
+        except (ImportError, AttributeError) as err:
+            raise CheckupError(f"cannot load {args.target}: {err}") from err
+        made = make()
+        if not isinstance(made, (tuple, list)) or len(made) != 3:
+            raise CheckupError(f"{args.target} must return (model, (inputs, targets), loss_fn)")
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}[args.dtype]
+        report = amp_checkup(*made, dtype=dtype, steps=args.steps)
+    except CheckupError as err:
+        print(f"amp check-up: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.as_dict(), indent=1) if args.json else report.text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,225 @@
+"""The AMP check-up: it finds a real fp16 hazard and names the module, passes a clean model, sees a
+fix, leaves the model as it was, sends nothing anywhere, and answers bad input in one line."""
+
+import ast
+import json
+import math
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import amp_tutorial.checkup as checkup_module
+from amp_tutorial.ceiling import Ceiling, MatmulRate
+from amp_tutorial.checkup import CheckupError, amp_checkup, main
+from amp_tutorial.device import dtype_name, select_device
+from amp_tutorial.measure import Timing
+
+# a ceiling from fixed numbers, so no test spends its time on matmuls
+CEILING = Ceiling(tuple(MatmulRate(64, d, Timing((t,))) for d, t in
+                        (("fp32", 2e-3), ("bf16", 1e-3), ("fp16", 1e-3))))
+OPTIONS = {"steps": 3, "warmup": 1, "ceiling": CEILING}
+
+
+class RawCounts(nn.Module):
+    """Raw counts (up to 100,000) straight into a Linear: outputs past 65504, then a LayerNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Linear(8, 32), nn.LayerNorm(32))
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, x):
+        return self.head(self.stem(x))
+
+
+class RawCountsFixed(RawCounts):
+    """The check-up's advice followed: stem.0 in an fp32 region."""
+
+    def forward(self, x):
+        with torch.autocast(x.device.type, enabled=False):
+            h = self.stem[0](x.float())
+        return self.head(self.stem[1](h))
+
+
+def counts_batch():
+    generator = torch.Generator().manual_seed(0)
+    x = 1e5 * torch.rand(64, 8, generator=generator)
+    return x, (x / 1e5 - 0.5).sum(1, keepdim=True).sin()
+
+
+def make_clean():
+    """module:function for the command line: a small MLP on normalised inputs."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
+    return (nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)),
+            (x, x.sum(1, keepdim=True)), nn.functional.mse_loss)
+
+
+def checked(model_class, dtype):
+    torch.manual_seed(0)
+    return amp_checkup(model_class(), counts_batch(), nn.functional.mse_loss, dtype=dtype,
+                       **OPTIONS)
+
+
+@pytest.fixture(scope="module")
+def hazard():
+    return checked(RawCounts, torch.float16)
+
+
+def test_the_fp16_hazard_is_found_in_the_module_that_overflows(hazard):
+    assert hazard.fp16_overflows == ["stem.0"] and hazard.flagged == ["stem.0"]
+    row = next(r for r in hazard.ranges if r.module == "stem.0")
+    assert row.act_max > 65504 and row.type == "Linear"
+    assert hazard.first_nonfinite.startswith("stem.0 (Linear)")
+    assert not hazard.agrees and math.isinf(hazard.output_rel_diff)
+    lines = [a.line for a in hazard.advice]
+    assert any("self.stem[0](h.float())" in line and "enabled=False" in line for line in lines)
+    assert any("GradScaler" in line for line in lines) and hazard.grad_scaler
+    preferred = dtype_name(select_device("cpu").amp_dtype)  # what was checked is not advertised
+    assert hazard.recommended.startswith(f"{preferred}: ")  # as what the device prefers
+    assert ("you asked for it" in hazard.dtype_why) == (preferred != "fp16")
+
+
+def test_following_the_advice_makes_fp16_agree_with_fp32():
+    fixed = checked(RawCountsFixed, torch.float16)
+    assert fixed.fp16_overflows == ["stem.0"]  # the fp32 output is still past 65504
+    assert not fixed.ran_low("stem.0") and fixed.flagged == []
+    assert fixed.agrees and fixed.first_nonfinite is None
+    # the scaler backs off from 65536 (the head's weight gradient overflows fp16): a skipped step
+    # changes no weight, so agreement compares losses after the same number of applied updates
+    assert any(fixed.skipped_steps) and any("init_scale=" in a.line for a in fixed.advice)
+    assert not any("enabled=False" in a.line for a in fixed.advice)
+
+
+def test_bf16_holds_the_range_so_the_same_model_is_not_flagged():
+    report = checked(RawCounts, torch.bfloat16)
+    assert report.fp16_overflows == ["stem.0"]  # reported whatever the dtype ...
+    assert report.flagged == [] and report.agrees and not report.grad_scaler  # ... not a hazard
+
+
+def test_bf16_rounding_that_swamps_the_signal_is_flagged_at_its_first_module():
+    torch.manual_seed(0)
+    offset = nn.Linear(8, 16)
+    offset.bias.data.fill_(1e4)  # outputs 1e4 +- about 1: bf16's step there is 64
+    model = nn.Sequential(offset, nn.LayerNorm(16), nn.Linear(16, 1))
+    x = torch.randn(64, 8)
+    report = amp_checkup(model, (x, x.sum(1, keepdim=True)), nn.functional.mse_loss,
+                         dtype=torch.bfloat16, **OPTIONS)
+    assert report.fp16_overflows == [] and report.flagged == ["0"]  # not the LayerNorm after it
+    assert next(r for r in report.ranges if r.module == "0").rounding > 10
+    assert not report.agrees  # the LayerNorm takes the offset away; in bf16 nothing is left
+    assert any("self[0](h.float())" in a.line for a in report.advice)
+
+
+def test_a_clean_model_gets_no_flag_and_its_ops_are_grouped_by_module():
+    model, batch, loss_fn = make_clean()
+    report = amp_checkup(model, batch, loss_fn, dtype=torch.bfloat16, **OPTIONS)
+    assert report.flagged == [] and report.fp16_overflows == [] and report.agrees
+    rows = {r["module"]: r for r in report.op_rows()}
+    assert "addmm" in rows["0"]["ran in bf16"] and "addmm" in rows["2"]["ran in bf16"]
+    assert "mse_loss" in rows["(loss)"]["ran in fp32"]  # CPU autocast's fp32 list
+    assert 0 < report.fp32_time_share < 1
+    assert report.saved_activation_bytes["amp"] < report.saved_activation_bytes["fp32"]
+    assert [a.line.startswith("with torch.autocast") for a in report.advice][0]
+
+
+def test_the_model_comes_back_as_it_was():
+    model, batch, loss_fn = make_clean()
+    model.eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    amp_checkup(model, batch, loss_fn, dtype=torch.bfloat16, **OPTIONS)
+    assert not model.training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_nothing_leaves_the_process(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the check-up opened a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    model, batch, loss_fn = make_clean()
+    amp_checkup(model, batch, loss_fn, dtype=torch.bfloat16, **OPTIONS)
+    imported = {node.module for node in ast.walk(ast.parse(Path(checkup_module.__file__)
+                                                           .read_text()))
+                if isinstance(node, ast.ImportFrom)}
+    assert not imported & {"amp_tutorial.class_sync", "amp_tutorial.progress"}
+
+
+class Raises(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 1)
+
+    def forward(self, x):
+        raise ValueError("shapes do not match")
+
+
+class ReturnsDict(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 1)
+
+    def forward(self, x):
+        return {"logits": self.linear(x)}
+
+
+class ExpOverflows(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 1)
+        self.exp = Exp()
+
+    def forward(self, x):
+        return self.exp(self.linear(x) * 1e4)
+
+
+class Exp(nn.Module):
+    def forward(self, x):
+        return x.exp()
+
+
+@pytest.mark.parametrize(("model", "inputs", "words"), [
+    (Raises(), torch.randn(4, 8), "the model raised ValueError in an fp32 forward pass on this "
+     "batch, before any AMP: shapes do not match"),
+    (ReturnsDict(), torch.randn(4, 8), "the model returned a dict, not a tensor"),
+    (nn.Linear(8, 1), torch.randn(4, 8, device="meta"),
+     "the batch's inputs are on meta but the model is on cpu: move them with .to('cpu')"),
+    (ExpOverflows(), torch.ones(4, 8), "the loss is inf in fp32, before any AMP (exp (Exp) "
+     "produced"),
+    (nn.Linear(8, 1), torch.full((4, 8), math.nan), "the loss is nan in fp32, before any AMP "
+     "(the inputs hold inf or NaN)"),
+], ids=["raises", "not-a-tensor", "other-device", "nonfinite-module", "nonfinite-inputs"])
+def test_bad_input_gets_one_plain_line(model, inputs, words):
+    torch.manual_seed(0)
+    with pytest.raises(CheckupError) as caught:
+        amp_checkup(model, (inputs, torch.zeros(4, 1)), nn.functional.mse_loss, **OPTIONS)
+    assert words in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_model_too_big_for_the_device_is_refused_before_it_runs():
+    model = nn.Linear(1024, 1024)  # 4 MiB of weights: the check-up holds five times that
+    with pytest.raises(CheckupError, match=r"too big for cpu: .* needs about 0\.02 GiB"):
+        amp_checkup(model, (torch.randn(2, 1024), torch.randn(2, 1024)),
+                    nn.functional.mse_loss, free_bytes=2**20, **OPTIONS)
+
+
+def test_command_line_prints_json_and_one_line_for_a_bad_target(capsys):
+    assert main(["tests.unit.test_checkup:make_clean", "--json", "--steps", "3",
+                 "--dtype", "bf16"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["amp_dtype"] == "bf16" and report["flagged"] == []
+    assert report["advice"][0]["line"].startswith("with torch.autocast")
+    assert main(["tests.unit.test_checkup"]) == 2
+    assert capsys.readouterr().err.strip() == ("amp check-up: 'tests.unit.test_checkup' is not "
+                                               "module:function (e.g. my_model:make)")
+
+
+def test_free_memory_on_a_cpu_counts_the_page_cache_the_kernel_can_drop():
+    free_pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # MemFree only
+    assert checkup_module.free_bytes_on(torch.device("cpu")) >= free_pages * 0.9  # MemAvailable
+    assert checkup_module.bytes_needed(nn.Linear(1024, 1024)) == 5 * (1024 * 1024 + 1024) * 4
