@@ -9,8 +9,8 @@
 #       small: 0.6
 #       smoke: 0.6
 #     needs: 'any device, CPU included (FP8 training runs everywhere with torchao, on
-#       a CPU at smoke sizes); fast FP8 training: NVIDIA compute capability 8.9+ or
-#       AMD MI300+'
+#       a CPU at smoke sizes); fast FP8 training: NVIDIA compute capability 8.9+, AMD
+#       gfx942, gfx950 or RDNA4'
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:
