@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from amp_tutorial.exercises import checking
+from amp_tutorial.exercises import checking, training_spy
 from amp_tutorial.exercises.checking import RAISED, CheckResult
 
 
@@ -22,11 +22,18 @@ def problem_keys(module: ModuleType, *not_keys: str) -> set[str]:
     and those it imports, such as the training spy's), less ``not_keys`` (settings such as a
     device type or the praise text), plus those of the frame every checker runs in: a learner's
     function that raises or runs past the limit (``checking.RAISED``, ``checking.TIMED_OUT``),
-    and a wrong type of answer where the checker asks ``checking.type_problem``."""
+    and a wrong type of answer where the checker asks ``checking.type_problem``; the training
+    spy's shared rules where the checker uses them (``shared_problems``, ``simulated_problems``).
+    The keys of ``checking.left_behind`` are left out: ``test_exercise_checkers`` runs each of
+    them through every checker."""
     own = {value for name, value in vars(module).items()
            if name.isupper() and not name.startswith("_") and isinstance(value, str)
            and value not in not_keys}
     frame = {checking.RAISED, checking.TIMED_OUT}
     if getattr(module, "type_problem", None) is checking.type_problem:
         frame.add(checking.WRONG_RETURN)
+    if getattr(module, "shared_problems", None) is training_spy.shared_problems:
+        frame |= set(training_spy.SHARED_KEYS)
+    if getattr(module, "simulated_problems", None) is training_spy.simulated_problems:
+        frame |= set(training_spy.SIMULATED_KEYS)
     return own | frame
