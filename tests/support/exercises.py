@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 
 from amp_tutorial.exercises import checking, training_spy
@@ -37,3 +39,25 @@ def problem_keys(module: ModuleType, *not_keys: str) -> set[str]:
     if getattr(module, "simulated_problems", None) is training_spy.simulated_problems:
         frame |= set(training_spy.SIMULATED_KEYS)
     return own | frame
+
+
+def variant(solution: Path, name: str, *changes: tuple[str, str]) -> Callable[..., object]:
+    """The reference solution's function ``name`` with each ``(old, new)`` text replaced once: a
+    wrong solution that differs from the right one by exactly the change named."""
+    source = solution.read_text()
+    for old, new in changes:
+        assert source.count(old) == 1, f"{old!r} is not in {solution.name} exactly once"
+        source = source.replace(old, new)
+    namespace: dict[str, object] = {}
+    exec(compile(source, f"<{solution.stem}, changed>", "exec"), namespace)  # noqa: S102
+    return namespace[name]  # type: ignore[return-value]
+
+
+def clip_without_min(indent: int) -> tuple[str, str]:
+    """The change that makes the solutions' clip a hand-written one whose factor lacks
+    min(1, ...), so it scales small gradients up (``indent``: the clip line's, in spaces)."""
+    pad = " " * indent
+    return ("torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)",
+            "norm = torch.stack([p.grad.norm() for p in model.parameters()]).norm()\n"
+            f"{pad}for p in model.parameters():\n"
+            f"{pad}    p.grad.mul_(max_grad_norm / norm)")

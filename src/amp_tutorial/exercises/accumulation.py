@@ -40,8 +40,8 @@ from amp_tutorial.exercises.training_spy import (
     NO_SCALER_UPDATE,
     NOT_CLIPPED,
     OVER_CLIPPED,
-    SIMULATED_DEVICE_TYPES,
     TrainingSpy,
+    check_on_devices,
     shared_problems,
     simulated_device,
     simulated_problems,
@@ -54,7 +54,8 @@ ACCUMULATION = 3  # groups of 3, 3 and 2 micro-batches: the last group is shorte
 LEARNING_RATE = 0.05  # SGD: a step is proportional to the gradient, so a wrong sum shows
 INIT_SCALE = 2.0**8  # a modest start: no overflow here even if the loss is not divided
 MAX_GRAD_NORM = 0.1  # below the accumulated gradient's norm (0.3 to 0.5): clipping clips
-LOOSE_GRAD_NORM = 2.0  # above it: a right clip leaves the gradient alone, one without min(1, .) not
+LOOSE_GRAD_NORM = 2.0  # above it: a right clip leaves the gradient alone; one without min(1, .)
+# scales it up
 LARGE_TARGETS = 10.0  # targets times 10: gradient norms above 1, where a default clip would fire
 GRAD_RTOL = 0.03  # measured: correct runs stay within 0.1% (float16) and 0.8% (bfloat16) of
 LOSS_RTOL = 0.03  # fp32's gradient and loss on the same big batch; a mistake is off by 33%+
@@ -463,10 +464,8 @@ def check_train_accumulated(fn: Callable[..., object]) -> CheckResult:
     ``fn(model, optimizer, scaler, micro_batches, loss_fn, accumulation_steps, device_type,
     amp_dtype, max_grad_norm=None)`` returns one loss per optimizer step.
     """
-    return EXERCISE.check(
-        [*SCENARIOS, *SIMULATED_DEVICE_TYPES],
-        lambda s: _scenario_problems(fn, s) if isinstance(s, Scenario) else _simulated(fn, s),
-        name_of=lambda s: s.name if isinstance(s, Scenario) else f"simulated {s}, float16")
+    return check_on_devices(EXERCISE, SCENARIOS, lambda scenario: _scenario_problems(fn, scenario),
+                            lambda device_type: _simulated(fn, device_type))
 
 
 def _simulated(fn: Callable[..., object], device_type: str) -> list[Problem]:

@@ -245,9 +245,10 @@ def _state_problems(name: str, before: _World, after: _World, lists: dict[str, l
             "lets autocast pick the dtype per op.", "never call torch.set_default_dtype; use "
             "torch.autocast for the forward pass, or .to(dtype) on the one tensor that needs it."))
     if after.grad_enabled != before.grad_enabled:
+        now, was = ("on" if on else "off" for on in (after.grad_enabled, before.grad_enabled))
         found.append(Problem.named(
-            GRAD_MODE_LEFT_CHANGED, f"After {name} returned, gradient tracking was "
-            f"{'on' if after.grad_enabled else 'off'}, not {'on' if before.grad_enabled else 'off'}.",
+            GRAD_MODE_LEFT_CHANGED, f"After {name} returned, gradient tracking was {now}, not "
+            f"{was}.",
             "torch.set_grad_enabled is global: the caller's next forward pass records no graph "
             "(or records one it did not ask for).", "use `with torch.no_grad():` around the part "
             "that needs it; it restores the previous state when it ends."))
@@ -277,9 +278,11 @@ def _state_problems(name: str, before: _World, after: _World, lists: dict[str, l
     for lst, items in before.lists.items():
         now = lists[lst]
         if len(now) != len(items) or any(a is not b for a, b in zip(now, items, strict=False)):
+            how = (f"{len(items)} items before, {len(now)} after" if len(now) != len(items)
+                   else "items replaced")
             found.append(Problem.named(
                 CALLER_LIST_CHANGED, f"After {name} returned, the caller's list `{lst}` had "
-                f"changed ({f'{len(items)} items before, {len(now)} after' if len(now) != len(items) else 'items replaced'}).",
+                f"changed ({how}).",
                 "The caller still holds that list: .pop(), .clear(), del or item assignment "
                 "change it for the next epoch or the next call, which then gets fewer (or other) "
                 "batches.", "read the list without changing it: iterate over it, or slice it "

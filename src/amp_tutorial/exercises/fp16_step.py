@@ -41,9 +41,9 @@ from amp_tutorial.exercises.training_spy import (
     NOT_CLIPPED,
     OPTIMIZER_STEP_DIRECT,
     STEPPED_TWICE,
-    SIMULATED_DEVICE_TYPES,
     WRONG_AUTOCAST_DTYPE,
     TrainingSpy,
+    check_on_devices,
     shared_problems,
     simulated_device,
     simulated_problems,
@@ -52,7 +52,8 @@ from amp_tutorial.exercises.training_spy import (
 # The problem every check runs: small enough to answer in well under a second on a laptop CPU.
 N_STEPS = 3
 MAX_NORM = 0.1  # below the problem's gradient norm (about 0.27 at the first step): the clip fires
-LOOSE_NORM = 1.0  # above it: a right clip leaves the gradients alone, one without min(1, .) not
+LOOSE_NORM = 1.0  # above it: a right clip leaves the gradients alone; one without min(1, .)
+# scales them up
 INIT_SCALE = 2.0**12  # this problem's first step overflows in float16 from a scale of 2**19 up
 OVERFLOW_SCALE = 2.0**24  # 32 times that: a correct first step must be skipped
 # Measured over 10 seeds (torch 2.14.1, CPU): a correct float16 step's loss is within 0.1% of
@@ -391,10 +392,8 @@ def check_fp16_step(fn: StepFn) -> CheckResult:
     ``fn(model, optimizer, scaler, inputs, targets, loss_fn, max_norm)`` must do one float16
     training step with clipping and return the loss as a float. Takes well under a second.
     """
-    return EXERCISE.check(
-        [*SCENARIOS, *SIMULATED_DEVICE_TYPES],
-        lambda s: _scenario_problems(fn, s) if isinstance(s, Scenario) else _simulated(fn, s),
-        name_of=lambda s: s.name if isinstance(s, Scenario) else f"simulated {s}")
+    return check_on_devices(EXERCISE, SCENARIOS, lambda scenario: _scenario_problems(fn, scenario),
+                            lambda device_type: _simulated(fn, device_type))
 
 
 def _simulated(fn: StepFn, device_type: str) -> list[Problem]:

@@ -41,9 +41,9 @@ from amp_tutorial.exercises.training_spy import (
     OPTIMIZER_STEP_DIRECT,
     OVER_CLIPPED,
     STEPPED_TWICE,
-    SIMULATED_DEVICE_TYPES,
     WRONG_AUTOCAST_DTYPE,
     TrainingSpy,
+    check_on_devices,
     shared_problems,
     simulated_device,
     simulated_problems,
@@ -55,7 +55,8 @@ N_BATCHES = 4
 BATCH_SIZE = 64
 LEARNING_RATE = 1e-2
 MAX_GRAD_NORM = 0.1  # below the problem's gradient norm (about 0.25), so clipping really clips
-LOOSE_GRAD_NORM = 1.0  # above it: a right clip leaves the gradients alone, one without min(1, .) not
+LOOSE_GRAD_NORM = 1.0  # above it: a right clip leaves the gradients alone; one without min(1, .)
+# scales them up
 LARGE_TARGETS = 10.0  # targets times 10: gradient norms above 1, where a default clip would fire
 HISTORY_RTOL = 0.02  # correct fp16 / bf16 runs stay within 0.2% of fp32 here; 2% leaves room
 DEVICE_TYPE = "cpu"  # fp16 and bf16 autocast and GradScaler("cpu") all work on the CPU
@@ -316,10 +317,8 @@ def check_train_with_amp(fn: TrainFn) -> CheckResult:
     ``fn(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype, max_grad_norm=None)``
     must return the mean loss of each epoch. Takes about a second on a laptop CPU.
     """
-    return EXERCISE.check(
-        [*SCENARIOS, *SIMULATED_DEVICE_TYPES],
-        lambda s: _scenario_problems(fn, s) if isinstance(s, Scenario) else _simulated(fn, s),
-        name_of=lambda s: s.name if isinstance(s, Scenario) else f"simulated {s}, float16")
+    return check_on_devices(EXERCISE, SCENARIOS, lambda scenario: _scenario_problems(fn, scenario),
+                            lambda device_type: _simulated(fn, device_type))
 
 
 def _simulated(fn: TrainFn, device_type: str) -> list[Problem]:

@@ -13,17 +13,24 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 from unittest import mock
 
 import torch
 from torch import nn
 
 from amp_tutorial.autocast_policy import fake_tensors
-from amp_tutorial.exercises.checking import AUTOCAST_DEVICE_TYPES, Problem, left_behind
+from amp_tutorial.exercises.checking import (
+    AUTOCAST_DEVICE_TYPES,
+    TIMED_OUT,
+    CheckResult,
+    Exercise,
+    Problem,
+    left_behind,
+)
 
 # The training-step mistakes more than one checker names (the spy sees them all), one key each.
 FORWARD_NOT_AUTOCAST = "forward-not-autocast"
@@ -68,6 +75,7 @@ class _Iteration:
     zeroed: bool = False  # the gradients were zeroed after backward, before the step used them
 
 
+S = TypeVar("S")  # a checker's scenario type
 CLIP_RTOL = 0.01  # clip_grad_norm_ leaves the norm at max_norm * norm / (norm + 1e-6)
 
 
@@ -370,5 +378,30 @@ def simulated_problems(seen: ForwardSeen, amp_dtype: torch.dtype) -> list[Proble
             f"{seen.dtype}, not the {amp_dtype} asked for.", "The dtype was chosen from the "
             "device type instead of taken from the caller, who picked it for this device (a "
             "float16 GPU without native bfloat16, say).", "pass the dtype you were given: "
-            "`torch.autocast(device_type=..., dtype=amp_dtype)` (float16 for fp16_step).")]
+            "`torch.autocast(device_type=..., dtype=amp_dtype)` (fp16_step: always float16).")]
     return []
+
+
+# A mistake on a simulated device that the CPU runs explain already (no autocast, or a wrong
+# dtype, everywhere) is not named again.
+_EXPLAINED_BY = {AUTOCAST_OTHER_DEVICE: {FORWARD_NOT_AUTOCAST},
+                 DTYPE_BY_DEVICE: {FORWARD_NOT_AUTOCAST, WRONG_AUTOCAST_DTYPE}}
+
+
+def check_on_devices(exercise: Exercise, scenarios: Iterable[S],
+                     problems_of: Callable[[S], list[Problem]],
+                     simulated_of: Callable[[str], list[Problem]]) -> CheckResult:
+    """A training checker's whole run: its CPU ``scenarios`` (stopping after one that ran past
+    the time limit), then each of :data:`SIMULATED_DEVICE_TYPES` through ``simulated_of``,
+    reported and recorded as one result."""
+    found = []
+    for scenario in scenarios:
+        found.append((scenario.name, problems_of(scenario)))
+        if any(p.key == TIMED_OUT for p in found[-1][1]):
+            return exercise.report(found)
+    named = {p.key for _, problems in found for p in problems}
+    for device_type in SIMULATED_DEVICE_TYPES:
+        found.append((f"simulated {device_type} (float16)",
+                      [p for p in simulated_of(device_type)
+                       if not named & _EXPLAINED_BY.get(p.key, set())]))
+    return exercise.report(found)
