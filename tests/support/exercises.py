@@ -38,7 +38,7 @@ def problem_keys(module: ModuleType, *not_keys: str) -> set[str]:
         frame |= set(training_spy.SHARED_KEYS)
     if getattr(module, "simulated_problems", None) is training_spy.simulated_problems:
         frame |= set(training_spy.SIMULATED_KEYS)
-    return own | frame
+    return (own - set(checking.STATE_KEYS)) | frame
 
 
 def variant(solution: Path, name: str, *changes: tuple[str, str]) -> Callable[..., object]:

@@ -242,7 +242,7 @@ def test_the_tolerance_leaves_room_both_ways(dtype: torch.dtype) -> None:
     (bfloat16 for float16 inputs, float16 for float32 ones) is outside it, and the mistakes
     judged by value are far outside even LOW_PRECISION_ATOL."""
     worst_right = max(_worst_error(fn, dtype) for fn in CORRECT.values())
-    assert worst_right < exercise.ATOL[dtype] / 4
+    assert worst_right < exercise.ATOL[dtype] / 2
     fewer_bits = in_float16 if dtype == torch.float32 else in_bfloat16
     assert exercise.ATOL[dtype] * 1.5 < _worst_error(fewer_bits, dtype)
     assert _worst_error(fewer_bits, dtype) < exercise.LOW_PRECISION_ATOL / 2
@@ -251,11 +251,12 @@ def test_the_tolerance_leaves_room_both_ways(dtype: torch.dtype) -> None:
 
 
 def _worst_error(fn: Callable[..., torch.Tensor], dtype: torch.dtype) -> float:
+    """The largest error on the inputs whose allowance is the dtype's own (ATOL)."""
     worst = 0.0
     for scenario in exercise.SCENARIOS:
         if scenario.dtype != dtype:
             continue
-        for case in exercise.make_cases():
+        for case in exercise.make_cases()[:2]:  # random and causal masks
             outcome = exercise._run(fn, scenario, case)
             worst = max(worst, outcome.error)
     return worst
