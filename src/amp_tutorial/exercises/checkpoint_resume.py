@@ -13,8 +13,9 @@ are huge), so the scaler skips it: the optimizer has then taken one step fewer t
 checkpoint must be at the path given (files beside it are fine), and ``load`` is handed the same
 files moved to another folder, so it must read the path it is given.
 Neither call may leave anything else changed (``checking.left_behind``). When the runs differ,
-it reads what ``save`` wrote and what ``load`` restored, and names the part that was lost. No randomness is drawn after
-the resume (fixed batches, no dropout), so the checker asks for no RNG state.
+it reads what ``save`` wrote and what ``load`` restored, and names the part that was lost. No
+randomness is drawn after the resume (fixed batches, no dropout), so the checker asks for no RNG
+state.
 """
 
 from __future__ import annotations
