@@ -398,9 +398,9 @@ def _run(fn: LossFn, scenario: Scenario, call: Callable[..., Attempt] = attempt
     reference, *reference_grads = _reference(case, dtype)
     queries, keys = _inputs(case, dtype)
     watch = _Watch(DEVICE_TYPE)
-    with torch.autocast(DEVICE_TYPE, dtype=dtype), watch.installed(), \
-            warnings.catch_warnings(), \
-            left_behind("contrastive_loss", tensors={"queries": queries, "keys": keys}) as left:
+    with torch.autocast(DEVICE_TYPE, dtype=dtype), \
+            left_behind("contrastive_loss", tensors={"queries": queries, "keys": keys}) as left, \
+            watch.installed(), warnings.catch_warnings():  # the watch sees the learner's ops only
         warnings.simplefilter("ignore")  # the deprecated spellings warn; the problem names them
         run = call(fn, queries, keys, case.temperature)
     if left:
