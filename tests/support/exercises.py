@@ -61,3 +61,20 @@ def clip_without_min(indent: int) -> tuple[str, str]:
             "norm = torch.stack([p.grad.norm() for p in model.parameters()]).norm()\n"
             f"{pad}for p in model.parameters():\n"
             f"{pad}    p.grad.mul_(max_grad_norm / norm)")
+
+
+def spy_mistakes(solution: Path, name: str, clip_indent: int) -> list[tuple]:
+    """The training spy's shared and simulated-device mistakes, each made by changing one line of
+    a training solution that takes ``device_type`` and ``amp_dtype``: ``(case, wrong function,
+    key, also raises)`` rows for a checker test's MISTAKES."""
+    cpu = ("autocast(device_type=device_type", 'autocast(device_type="cpu"')
+    by_device = ("dtype=amp_dtype)", 'dtype=amp_dtype if device_type in ("cpu", "cuda") '
+                 "else torch.bfloat16)")
+    return [
+        ("clip by hand without min(1, max_norm / norm)",
+         variant(solution, name, clip_without_min(clip_indent)), training_spy.CLIPPED_UP, False),
+        ('autocast with a hard-coded "cpu"', variant(solution, name, cpu),
+         training_spy.AUTOCAST_OTHER_DEVICE, False),
+        ("bfloat16 on devices other than cpu and cuda", variant(solution, name, by_device),
+         training_spy.DTYPE_BY_DEVICE, False),
+    ]

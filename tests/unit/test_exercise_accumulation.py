@@ -18,7 +18,7 @@ from amp_tutorial.exercises import accumulation as exercise
 from amp_tutorial.exercises import checking, training_spy
 from amp_tutorial.exercises.accumulation import check_train_accumulated, group_sizes
 from tests.support import SOLUTIONS
-from tests.support.exercises import assert_names, clip_without_min, problem_keys, variant
+from tests.support.exercises import assert_names, problem_keys, spy_mistakes, variant
 
 SOLUTION = SOLUTIONS / "train_accumulated.py"
 reference_solution = runpy.run_path(str(SOLUTION))["train_accumulated"]
@@ -189,18 +189,7 @@ MISTAKES = [
              ("# the group's mean\n            scaler.scale(loss).backward()",
               "# the group's mean\n                scaler.scale(loss).backward()")),
      training_spy.BACKWARD_IN_AUTOCAST, False),
-    ("clip by hand without min(1, max_norm / norm)",
-     variant(SOLUTION, "train_accumulated", clip_without_min(12)), training_spy.CLIPPED_UP,
-     False),
-    ('autocast with a hard-coded "cpu"',
-     variant(SOLUTION, "train_accumulated", ("autocast(device_type=device_type",
-                                             'autocast(device_type="cpu"')),
-     training_spy.AUTOCAST_OTHER_DEVICE, False),
-    ("bfloat16 on devices other than cpu and cuda",
-     variant(SOLUTION, "train_accumulated", ("dtype=amp_dtype)",
-                                             'dtype=amp_dtype if device_type in ("cpu", "cuda") '
-                                             "else torch.bfloat16)")),
-     training_spy.DTYPE_BY_DEVICE, False),
+    *spy_mistakes(SOLUTION, "train_accumulated", 12),
 ]
 WRONG = {name: fn for name, fn, _, _ in MISTAKES}
 
