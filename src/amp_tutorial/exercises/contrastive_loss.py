@@ -497,14 +497,15 @@ def _run_simulated(fn: LossFn, device_type: str, call: Callable[..., Attempt] = 
         with fake_tensors():
             queries, keys = (torch.empty(N_PAIRS, DIM, dtype=torch.float16,
                                          device=device_type) for _ in range(2))
-            with autocast_flags(device_type, torch.float16), watch.installed(), \
+            with left_behind("contrastive_loss") as left, \
+                    autocast_flags(device_type, torch.float16), watch.installed(), \
                     warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 run = call(fn, queries, keys, case.temperature)
     except RuntimeError:  # this torch build has no such fake tensors: nothing to simulate
         return [], None
     cause = watch.cause()
-    return ([_cause_problem(*cause, watch)] if cause else []), run
+    return ([_cause_problem(*cause, watch)] if cause else []) + left, run
 
 
 def _untimed(fn: LossFn, *args: object) -> Attempt:
