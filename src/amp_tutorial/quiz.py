@@ -293,13 +293,22 @@ class QuizResult:
         return "\n".join([f"Score: {self.score} / {len(self.marks)}", *self.lines])
 
 
-def check_quiz(answers: Mapping[int, str | None]) -> QuizResult:
+def check_quiz(answers: Mapping[int, str | None] | object) -> QuizResult:
     """Mark ``{question number: letter}``; a right answer shows why, a wrong one only says so.
     Each check is recorded in the learner's progress (``amp_tutorial.progress``).
     """
     result = QuizResult()
+    if not isinstance(answers, Mapping):
+        kind = "None" if answers is None else f"a {type(answers).__name__} ({answers!r:.40})"
+        for number in QUESTIONS:
+            result.marks[number] = "unanswered"
+        result.lines.append(
+            f"`answers` is {kind}, not a dict: write `answers = {{1: \"b\", 2: \"a\", ...}}`, "
+            "question number to letter.")
+        record_attempt("06", "quiz", False, ["answers-not-a-dict"], result.lines[0])
+        return result
     for number, q in QUESTIONS.items():
-        given = answers.get(number)
+        given = answers.get(number, answers.get(str(number)))  # {"1": "b"} is meant the same
         given = given.strip().lower() if isinstance(given, str) else None
         if given is None or given == "":
             result.marks[number] = "unanswered"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 
-from amp_tutorial.exercises import checking
+from amp_tutorial.exercises import checking, training_spy
 from amp_tutorial.exercises.checking import RAISED, CheckResult
 
 
@@ -22,11 +24,57 @@ def problem_keys(module: ModuleType, *not_keys: str) -> set[str]:
     and those it imports, such as the training spy's), less ``not_keys`` (settings such as a
     device type or the praise text), plus those of the frame every checker runs in: a learner's
     function that raises or runs past the limit (``checking.RAISED``, ``checking.TIMED_OUT``),
-    and a wrong type of answer where the checker asks ``checking.type_problem``."""
+    and a wrong type of answer where the checker asks ``checking.type_problem``; the training
+    spy's shared rules where the checker uses them (``shared_problems``, ``simulated_problems``).
+    The keys of ``checking.left_behind`` are left out: ``test_exercise_checkers`` runs each of
+    them through every checker."""
     own = {value for name, value in vars(module).items()
            if name.isupper() and not name.startswith("_") and isinstance(value, str)
            and value not in not_keys}
     frame = {checking.RAISED, checking.TIMED_OUT}
     if getattr(module, "type_problem", None) is checking.type_problem:
         frame.add(checking.WRONG_RETURN)
-    return own | frame
+    if getattr(module, "shared_problems", None) is training_spy.shared_problems:
+        frame |= set(training_spy.SHARED_KEYS)
+    if getattr(module, "simulated_problems", None) is training_spy.simulated_problems:
+        frame |= set(training_spy.SIMULATED_KEYS)
+    return (own - set(checking.STATE_KEYS)) | frame
+
+
+def variant(solution: Path, name: str, *changes: tuple[str, str]) -> Callable[..., object]:
+    """The reference solution's function ``name`` with each ``(old, new)`` text replaced once: a
+    wrong solution that differs from the right one by exactly the change named."""
+    source = solution.read_text()
+    for old, new in changes:
+        assert source.count(old) == 1, f"{old!r} is not in {solution.name} exactly once"
+        source = source.replace(old, new)
+    namespace: dict[str, object] = {}
+    exec(compile(source, f"<{solution.stem}, changed>", "exec"), namespace)  # noqa: S102
+    return namespace[name]  # type: ignore[return-value]
+
+
+def clip_without_min(indent: int) -> tuple[str, str]:
+    """The change that makes the solutions' clip a hand-written one whose factor lacks
+    min(1, ...), so it scales small gradients up (``indent``: the clip line's, in spaces)."""
+    pad = " " * indent
+    return ("torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)",
+            "norm = torch.stack([p.grad.norm() for p in model.parameters()]).norm()\n"
+            f"{pad}for p in model.parameters():\n"
+            f"{pad}    p.grad.mul_(max_grad_norm / norm)")
+
+
+def spy_mistakes(solution: Path, name: str, clip_indent: int) -> list[tuple]:
+    """The training spy's shared and simulated-device mistakes, each made by changing one line of
+    a training solution that takes ``device_type`` and ``amp_dtype``: ``(case, wrong function,
+    key, also raises)`` rows for a checker test's MISTAKES."""
+    cpu = ("autocast(device_type=device_type", 'autocast(device_type="cpu"')
+    by_device = ("dtype=amp_dtype)", 'dtype=amp_dtype if device_type in ("cpu", "cuda") '
+                 "else torch.bfloat16)")
+    return [
+        ("clip by hand without min(1, max_norm / norm)",
+         variant(solution, name, clip_without_min(clip_indent)), training_spy.CLIPPED_UP, False),
+        ('autocast with a hard-coded "cpu"', variant(solution, name, cpu),
+         training_spy.AUTOCAST_OTHER_DEVICE, False),
+        ("bfloat16 on devices other than cpu and cuda", variant(solution, name, by_device),
+         training_spy.DTYPE_BY_DEVICE, False),
+    ]

@@ -15,12 +15,13 @@ import torch
 from torch import nn
 
 from amp_tutorial.exercises import accumulation as exercise
-from amp_tutorial.exercises import checking
+from amp_tutorial.exercises import checking, training_spy
 from amp_tutorial.exercises.accumulation import check_train_accumulated, group_sizes
 from tests.support import SOLUTIONS
-from tests.support.exercises import assert_names, problem_keys
+from tests.support.exercises import assert_names, problem_keys, spy_mistakes, variant
 
-reference_solution = runpy.run_path(str(SOLUTIONS / "train_accumulated.py"))["train_accumulated"]
+SOLUTION = SOLUTIONS / "train_accumulated.py"
+reference_solution = runpy.run_path(str(SOLUTION))["train_accumulated"]
 
 
 def group_means(group_losses: list[float], micro_losses: list[torch.Tensor]) -> object:
@@ -183,6 +184,12 @@ MISTAKES = [
      checking.WRONG_RETURN, False),
     ("returns None", accumulated_loop(returns=lambda groups, micro: None), checking.WRONG_RETURN,
      False),
+    ("backward inside autocast",
+     variant(SOLUTION, "train_accumulated",
+             ("# the group's mean\n            scaler.scale(loss).backward()",
+              "# the group's mean\n                scaler.scale(loss).backward()")),
+     training_spy.BACKWARD_IN_AUTOCAST, False),
+    *spy_mistakes(SOLUTION, "train_accumulated", 12),
 ]
 WRONG = {name: fn for name, fn, _, _ in MISTAKES}
 

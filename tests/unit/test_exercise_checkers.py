@@ -9,6 +9,7 @@ import runpy
 from collections.abc import Callable
 
 import pytest
+import torch
 
 from amp_tutorial.exercises import checking
 from amp_tutorial.exercises.accumulation import check_train_accumulated
@@ -64,3 +65,90 @@ def test_an_endless_loop_is_stopped_and_named(name: str, monkeypatch: pytest.Mon
         result = check(endless)
         assert result.keys == {checking.TIMED_OUT}, str(result)
         assert "still running after" in str(result) and "Traceback" not in str(result)
+
+
+# -- what a call leaves behind (checking.left_behind), one rule for every checker ------------------
+def _solution(file: str, name: str) -> Callable[..., object]:
+    return runpy.run_path(str(SOLUTIONS / file))[name]
+
+
+# exercise -> (its checker of one function, the reference function, where its model, list and
+# tensor arguments are: positions in the call, None where the exercise has none)
+REFERENCES: dict[str, tuple[Callable[[Callable], CheckResult], Callable[..., object],
+                            int | None, int | None, int | None]] = {
+    "train_with_amp (06)": (check_train_with_amp,
+                            _solution("train_with_amp.py", "train_with_amp"), 0, 1, None),
+    "autocast_settings (01)": (check_autocast_settings,
+                               _solution("autocast_settings.py", "autocast_settings"),
+                               None, None, None),
+    "fp16_step (02)": (check_fp16_step, _solution("fp16_step.py", "fp16_step"), 0, None, 3),
+    "train_accumulated (05)": (check_train_accumulated,
+                               _solution("train_accumulated.py", "train_accumulated"), 0, 3,
+                               None),
+    "save (05)": (CHECKS["save_and_load (05)"][0], save_and_load["save"], 1, None, None),
+    "load (05)": (CHECKS["save_and_load (05)"][1], save_and_load["load"], 1, None, None),
+    "contrastive_loss (07)": (check_contrastive_loss,
+                              _solution("contrastive_loss.py", "contrastive_loss"), None, None,
+                              0),
+    "masked_attention (13)": (check_masked_attention,
+                              _solution("masked_attention.py", "masked_attention"), None, None,
+                              0),
+}
+# each mistake: (what the right answer does after its work, the key; which argument it needs)
+GLOBAL_EFFECTS = {
+    "autocast switched on for cuda": (lambda args, at: torch.set_autocast_enabled("cuda", True),
+                                      checking.AUTOCAST_LEFT_CHANGED),
+    "default dtype set to float64": (lambda args, at: torch.set_default_dtype(torch.float64),
+                                     checking.DEFAULT_DTYPE_LEFT_CHANGED),
+    "grad mode switched off": (lambda args, at: torch.set_grad_enabled(False),
+                               checking.GRAD_MODE_LEFT_CHANGED),
+}
+MODEL_EFFECTS = {
+    "model left in eval mode": (lambda args, at: args[at].eval(), checking.MODEL_MODE_CHANGED),
+    "model cast to float16": (lambda args, at: args[at].half(), checking.MODEL_DTYPE_CHANGED),
+}
+LIST_EFFECTS = {"caller's list popped": (lambda args, at: args[at].pop(),
+                                         checking.CALLER_LIST_CHANGED),
+                "a tensor in the caller's list doubled in place": (
+                    lambda args, at: args[at][0][0].mul_(2), checking.INPUT_CHANGED)}
+TENSOR_EFFECTS = {"an input doubled in place": (lambda args, at: args[at].detach().mul_(2),
+                                                checking.INPUT_CHANGED)}
+
+
+def _state_cases() -> list:
+    cases = []
+    for exercise, (_, _, model_at, list_at, tensor_at) in REFERENCES.items():
+        for effects, at in ((GLOBAL_EFFECTS, None), (MODEL_EFFECTS, model_at),
+                            (LIST_EFFECTS, list_at), (TENSOR_EFFECTS, tensor_at)):
+            if effects is not GLOBAL_EFFECTS and at is None:
+                continue
+            if exercise in ("fp16_step (02)", "load (05)") and effects is MODEL_EFFECTS:
+                effects = {k: v for k, v in effects.items() if "float16" not in k}  # it raises
+            for what, (effect, key) in effects.items():
+                cases.append(pytest.param(exercise, effect, at, key, id=f"{exercise}: {what}"))
+    return cases
+
+
+@pytest.mark.parametrize(("exercise", "effect", "at", "key"), _state_cases())
+def test_what_a_call_leaves_behind_is_named(exercise: str, effect, at, key: str) -> None:
+    check, reference, *_ = REFERENCES[exercise]
+
+    def leaves_something(*args, **kwargs):
+        value = reference(*args, **kwargs)
+        effect(args, at)
+        return value
+
+    state = (torch.get_default_dtype(), torch.is_grad_enabled(), torch.is_autocast_enabled("cuda"))
+    result = check(leaves_something)
+    assert result.keys == {key}, str(result)
+    assert "Traceback" not in str(result)
+    # and the checker put the global state back
+    assert (torch.get_default_dtype(), torch.is_grad_enabled(),
+            torch.is_autocast_enabled("cuda")) == state
+
+
+@pytest.mark.parametrize("exercise", list(REFERENCES))
+def test_every_reference_solution_passes(exercise: str) -> None:
+    check, reference, *_ = REFERENCES[exercise]
+    result = check(reference)
+    assert result.passed, str(result)

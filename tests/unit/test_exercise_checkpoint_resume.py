@@ -101,6 +101,40 @@ def in_memory_pair() -> Pair:
     return save, load
 
 
+def optimizer_step_pair() -> Pair:
+    """The reference save; a load that returns Adam's own step count, not the saved step."""
+    def load(path, model, optimizer, scaler):
+        reference["load"](path, model, optimizer, scaler)
+        return int(optimizer.state_dict()["state"][0]["step"])
+
+    return reference["save"], load
+
+
+def suffixed_pair() -> Pair:
+    """The reference pair, writing and reading ``path`` with a suffix added."""
+    def save(path, *args):
+        reference["save"](str(path) + ".tar", *args)
+
+    def load(path, *args):
+        return reference["load"](str(path) + ".tar", *args)
+
+    return save, load
+
+
+def remembered_path_pair() -> Pair:
+    """The reference pair, but load reads the path save was given, not its own argument."""
+    paths = []
+
+    def save(path, *args):
+        paths.append(path)
+        reference["save"](path, *args)
+
+    def load(path, *args):
+        return reference["load"](paths[-1], *args)
+
+    return save, load
+
+
 def test_builder_defaults_are_the_reference_answer(tmp_path: Path) -> None:
     finals = []
     for save, load in ((reference["save"], reference["load"]), checkpoint_pair()):
@@ -147,6 +181,10 @@ MISTAKES = [
     ("checkpoint kept in memory, not written to path", in_memory_pair(),
      exercise.NOTHING_WRITTEN),
     ("load_state_dict(assign=True)", checkpoint_pair(assign=True), exercise.RESUME_DIFFERS),
+    ("load returns Adam's own step count (a step was skipped)", optimizer_step_pair(),
+     exercise.WRONG_STEP),
+    ("checkpoint written at path + '.tar'", suffixed_pair(), exercise.SAVED_ELSEWHERE),
+    ("load reads the path save was given", remembered_path_pair(), exercise.LOAD_IGNORES_PATH),
 ]
 WRONG = {name: pair for name, pair, _ in MISTAKES}
 
@@ -165,6 +203,17 @@ def test_every_problem_key_has_a_case() -> None:
     # RAISED and TIMED_OUT: the crash and endless-loop tests below
     covered = {key for _, _, key in MISTAKES} | {checking.RAISED, checking.TIMED_OUT}
     assert covered == keys
+
+
+def test_a_step_before_the_save_is_skipped() -> None:
+    """The optimizer has stepped one time fewer than the loop when the checkpoint is saved, so
+    its own step count is not the step; the scale backed off there."""
+    first = Run.start()
+    first.train(0, exercise.SAVE_AT)
+    assert exercise.SKIPPED_AT < exercise.SAVE_AT
+    assert first.scales[exercise.SKIPPED_AT] == first.scales[exercise.SKIPPED_AT - 1] / 2
+    steps = {int(s["step"]) for s in first.optimizer.state_dict()["state"].values()}
+    assert steps == {exercise.SAVE_AT - 1}
 
 
 def test_a_pickled_model_message_quotes_torch_load() -> None:
@@ -188,7 +237,8 @@ def test_the_scale_changes_during_the_run_and_the_growth_count_matters_at_the_sa
     run.train(0, exercise.SAVE_AT)
     assert run.scaler.state_dict()["_growth_tracker"] != 0  # so losing it shows
     run.train(exercise.SAVE_AT, exercise.STEPS)
-    assert exercise.INIT_SCALE < run.scales[exercise.SAVE_AT - 1] < run.scales[-1]
+    assert run.scales[exercise.SAVE_AT - 1] != exercise.INIT_SCALE  # it backed off
+    assert run.scales[exercise.SAVE_AT - 1] < run.scales[-1]  # and grows after the resume
 
 
 def test_checker_leaves_torch_unpatched() -> None:

@@ -81,6 +81,11 @@ def decorator_for_cpu_only(q, k, t):
     return fp32_loss(q.float(), k.float(), t)
 
 
+def cpu_or_cuda_only(q, k, t):
+    with torch.autocast(device_type="cuda" if q.is_cuda else "cpu", enabled=False):
+        return fp32_loss(q.float(), k.float(), t)
+
+
 def cast_back_down(q, k, t):
     return reference_solution(q, k, t).to(q.dtype)
 
@@ -153,6 +158,8 @@ MISTAKES = [
      False),
     ("@torch.autocast('cpu', enabled=False) on CUDA tensors", decorator_for_cpu_only,
      exercise.OTHER_DEVICE, False),
+    ('autocast off for "cuda" or else "cpu": wrong on XPU and MPS', cpu_or_cuda_only,
+     exercise.OTHER_DEVICE, False),
     ("result cast back down", cast_back_down, exercise.RESULT_DTYPE, False),
     ("float64 result", float64_result, exercise.RESULT_DTYPE, False),
     ("result detached", detached, exercise.GRAPH_BROKEN, False),
@@ -180,8 +187,7 @@ def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises:
 
 
 def test_every_problem_key_has_a_case() -> None:
-    keys = problem_keys(exercise, exercise.DEVICE_TYPE, exercise.SIMULATED_DEVICE_TYPE,
-                        exercise.PRAISE, exercise.SIMULATED)
+    keys = problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE)
     # TIMED_OUT: the endless-loop test below; RAISED also has the crash test
     covered = {key for _, _, key, _ in MISTAKES} | {checking.RAISED, checking.TIMED_OUT}
     assert covered == keys
@@ -196,7 +202,8 @@ def test_report_is_plain_words_and_names_the_numbers() -> None:
 def test_a_device_agnostic_mistake_shows_only_on_simulated_cuda() -> None:
     result = check_contrastive_loss(decorator_for_cpu_only)
     (problem,) = result.problems
-    assert problem.message.startswith(f"[{exercise.SIMULATED}]")
+    assert problem.message.startswith(
+        f"[{', '.join(map(exercise.simulated, exercise.SIMULATED_DEVICE_TYPES))}]")
     assert 'device_type "cpu"' in problem.message and '"cuda"' in problem.message
 
 

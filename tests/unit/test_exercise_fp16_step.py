@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from amp_tutorial.exercises import checking
+from amp_tutorial.exercises import checking, training_spy
 from amp_tutorial.exercises import fp16_step as exercise
 from amp_tutorial.exercises.fp16_step import check_fp16_step
 from tests.support import SOLUTIONS
@@ -41,7 +41,9 @@ def amp_step(
     # "unscaled" (loss.backward(), no scale() at all) or "scaled, loss" (scale() discarded)
     unscale: str = "before clip",  # "before clip", "after clip", "never" or "twice"
     clip: str = "model",  # "model" (model.parameters()), "groups" (optimizer.param_groups),
-    # "L1" (norm_type=1), "none"
+    # "L1" (norm_type=1), "none", "no min" (by hand: grad * max_norm / norm, without min(1, .))
+    device_type: str | None = None,  # None: inputs.device.type; else this one, hard-coded
+    dtype_by_device: bool = False,  # float16 on "cpu" and "cuda", bfloat16 on any other device
     step: str = "scaler",  # "scaler", "optimizer" (optimizer.step() only) or "both"
     update: str = "always",  # "always", "never", "pinned" (update(scale before the step)) or
     # "if finite" (step and update only when the clipped norm is finite)
@@ -49,6 +51,7 @@ def amp_step(
     returns: str = "item",  # "item", "float", "scaled", "tensor", "none" or "grad norm"
 ) -> Callable[..., object]:
     """An ``fp16_step`` doing the reference solution's calls, changed as the options say."""
+    device_type_given = device_type
     def zero(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         owner = model if zero_on_model else optimizer
         if set_to_none is None:
@@ -59,12 +62,15 @@ def amp_step(
     def amp(on: bool, device_type: str) -> AbstractContextManager:
         if not on:
             return nullcontext()
+        if dtype_by_device:
+            dtype = torch.float16 if device_type in ("cpu", "cuda") else torch.bfloat16
+            return autocast(device_type=device_type, dtype=dtype)
         if autocast_dtype:
             return autocast(device_type=device_type, dtype=torch.float16)
         return autocast(device_type=device_type)
 
     def fp16_step(model, optimizer, scaler, inputs, targets, loss_fn, max_norm):
-        device_type = inputs.device.type
+        device_type = inputs.device.type if device_type_given is None else device_type_given
         if own_scaler:
             scaler = torch.amp.GradScaler(device_type)
         if zero_grad == "start":
@@ -88,7 +94,13 @@ def amp_step(
         params = ([p for group in optimizer.param_groups for p in group["params"]]
                   if clip == "groups" else model.parameters())
         norm = torch.tensor(0.0)
-        if clip != "none":
+        if clip == "no min":
+            grads = [p.grad for p in params]
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g)
+                                                         for g in grads]))
+            for g in grads:
+                g.mul_(max_norm / norm)
+        elif clip != "none":
             norm = nn.utils.clip_grad_norm_(params, max_norm, norm_type=1 if clip == "L1" else 2)
         if unscale == "after clip":
             scaler.unscale_(optimizer)
@@ -116,7 +128,7 @@ def test_builder_defaults_are_the_reference_step() -> None:
             optimizer = exercise._optimizer(scenario, model)
             scaler = torch.amp.GradScaler("cpu", init_scale=scenario.init_scale)
             losses = [fn(model, optimizer, scaler, inputs, targets, nn.MSELoss(),
-                         exercise.MAX_NORM) for inputs, targets in data[:scenario.steps]]
+                         scenario.max_grad_norm) for inputs, targets in data[:scenario.steps]]
             runs.append((losses, exercise._params(model), scaler.get_scale()))
         assert runs[0][0] == runs[1][0] and runs[0][2] == runs[1][2], scenario.name
         assert torch.equal(runs[0][1], runs[1][1]), scenario.name
@@ -137,7 +149,13 @@ MISTAKES = [
      False),
     ("no scaler.update()", amp_step(update="never"), exercise.NO_SCALER_UPDATE, True),
     ("backward inside autocast", amp_step(backward_in_autocast=True),
-     exercise.BACKWARD_IN_AUTOCAST, False),
+     training_spy.BACKWARD_IN_AUTOCAST, False),
+    ("clip by hand without min(1, max_norm / norm)", amp_step(clip="no min"),
+     training_spy.CLIPPED_UP, False),
+    ('autocast with a hard-coded "cpu"', amp_step(device_type="cpu"),
+     training_spy.AUTOCAST_OTHER_DEVICE, False),
+    ("bfloat16 on devices other than cpu and cuda", amp_step(dtype_by_device=True),
+     training_spy.DTYPE_BY_DEVICE, False),
     ("loss not scaled", amp_step(backward="unscaled"), exercise.LOSS_NOT_SCALED, True),
     ("scaled loss made, backward on the loss", amp_step(backward="scaled, loss"),
      exercise.LOSS_NOT_SCALED, False),
@@ -259,7 +277,8 @@ def reference_run(scenario: exercise.Scenario) -> tuple[list[float], torch.Tenso
     optimizer.register_step_post_hook(lambda *args: stepped.append(1))
     scaler = torch.amp.GradScaler("cpu", init_scale=scenario.init_scale)
     losses = [reference_solution(model, optimizer, scaler, inputs, targets, nn.MSELoss(),
-                                 exercise.MAX_NORM) for inputs, targets in data[:scenario.steps]]
+                                 scenario.max_grad_norm)
+              for inputs, targets in data[:scenario.steps]]
     return losses, exercise._params(model) - initial, scaler.get_scale(), len(stepped)
 
 
@@ -285,6 +304,16 @@ def test_the_clip_fires_on_the_first_step() -> None:
     nn.functional.mse_loss(model(data[0][0]), data[0][1]).backward()
     norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
     assert norm > 2 * exercise.MAX_NORM
+
+
+def test_the_loose_clip_never_fires() -> None:
+    """LOOSE_NORM is above every step's gradient norm: a clip that fires there scales up."""
+    model, data = exercise.make_step_problem()
+    for inputs, targets in data:
+        model.zero_grad()
+        nn.functional.mse_loss(model(inputs), targets).backward()
+        norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+        assert norm < exercise.LOOSE_NORM / 2
 
 
 def test_problem_is_repeatable_and_leaves_global_rng_alone() -> None:

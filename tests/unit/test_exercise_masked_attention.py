@@ -118,6 +118,21 @@ def scales_q_in_place(q, k, v, mask):
 
 # -- one mistake each ------------------------------------------------------------------------------
 # (case, the function, the key the checker must report, whether torch also raises)
+def in_bfloat16(q, k, v, mask):
+    out = F.scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), attn_mask=mask)
+    return torch.where(mask.any(-1, keepdim=True), out, 0.0).to(v.dtype)
+
+
+def in_float16(q, k, v, mask):
+    out = F.scaled_dot_product_attention(q.half(), k.half(), v.half(), attn_mask=mask)
+    return torch.where(mask.any(-1, keepdim=True), out, 0.0).to(v.dtype)
+
+
+def zeroed_by_key_column(q, k, v, mask):
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return torch.where(mask.any(-2).unsqueeze(-1), out, 0.0)
+
+
 MISTAKES = [
     ("masked_fill(-1e9) on float16 scores", attention(scores="scale q first", fill="-1e9"),
      exercise.FILL_OVERFLOWS, True),
@@ -149,7 +164,12 @@ MISTAKES = [
      False),
     ("softmax over the queries", attention(softmax="dim -2"), exercise.NOT_LIKE_REFERENCE,
      False),
-    ("q scaled in place", scales_q_in_place, exercise.INPUTS_MODIFIED, False),
+    ("q scaled in place", scales_q_in_place, checking.INPUT_CHANGED, False),
+    ("computed in bfloat16, returned in v's dtype", in_bfloat16, exercise.LOW_PRECISION_MATH,
+     False),
+    ("float32 inputs computed in float16", in_float16, exercise.LOW_PRECISION_MATH, False),
+    ("fully masked rows found with mask.any(-2)", zeroed_by_key_column, exercise.WRONG_AXIS,
+     False),
     ("returns a list", lambda q, k, v, mask: attention()(q, k, v, mask).tolist(),
      checking.WRONG_RETURN, False),
 ]
@@ -171,7 +191,7 @@ def test_every_problem_key_has_a_case() -> None:
                         *(exercise.RANDOM, exercise.CAUSAL, exercise.MID, exercise.LARGE))
     # RAISED and TIMED_OUT: the crash and endless-loop tests below
     covered = {key for _, _, key, _ in MISTAKES} | {checking.RAISED, checking.TIMED_OUT}
-    assert covered == keys
+    assert covered - set(checking.STATE_KEYS) == keys
 
 
 def test_messages_name_the_setting_and_the_fix() -> None:
@@ -216,18 +236,27 @@ def test_correct_spellings_pass(name: str) -> None:
     assert result.passed, str(result)
 
 
-def test_the_tolerance_leaves_room_both_ways() -> None:
-    """Right answers stay well inside ATOL; the mistakes judged by value are far outside it."""
-    worst_right = max(_worst_error(fn) for fn in CORRECT.values())
-    assert worst_right < exercise.ATOL / 2
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_the_tolerance_leaves_room_both_ways(dtype: torch.dtype) -> None:
+    """Right answers stay well inside the dtype's ATOL; math in fewer bits than the inputs have
+    (bfloat16 for float16 inputs, float16 for float32 ones) is outside it, and the mistakes
+    judged by value are far outside even LOW_PRECISION_ATOL."""
+    worst_right = max(_worst_error(fn, dtype) for fn in CORRECT.values())
+    assert worst_right < exercise.ATOL[dtype] / 2
+    fewer_bits = in_float16 if dtype == torch.float32 else in_bfloat16
+    assert exercise.ATOL[dtype] * 1.5 < _worst_error(fewer_bits, dtype)
+    assert _worst_error(fewer_bits, dtype) < exercise.LOW_PRECISION_ATOL / 2
     for name in ("no 1/sqrt(d) scale", "softmax over the queries"):
-        assert _worst_error(WRONG[name]) > 10 * exercise.ATOL, name
+        assert _worst_error(WRONG[name], dtype) > 10 * exercise.LOW_PRECISION_ATOL, name
 
 
-def _worst_error(fn: Callable[..., torch.Tensor]) -> float:
+def _worst_error(fn: Callable[..., torch.Tensor], dtype: torch.dtype) -> float:
+    """The largest error on the inputs whose allowance is the dtype's own (ATOL)."""
     worst = 0.0
     for scenario in exercise.SCENARIOS:
-        for case in exercise.make_cases():
+        if scenario.dtype != dtype:
+            continue
+        for case in exercise.make_cases()[:2]:  # random and causal masks
             outcome = exercise._run(fn, scenario, case)
             worst = max(worst, outcome.error)
     return worst

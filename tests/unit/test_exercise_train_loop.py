@@ -17,11 +17,11 @@ import pytest
 import torch
 from torch import nn
 
-from amp_tutorial.exercises import checking
+from amp_tutorial.exercises import checking, training_spy
 from amp_tutorial.exercises import train_loop as exercise
 from amp_tutorial.exercises.train_loop import check_train_with_amp
 from tests.support import SOLUTIONS
-from tests.support.exercises import assert_names, problem_keys
+from tests.support.exercises import assert_names, problem_keys, spy_mistakes, variant
 
 SOLUTION = SOLUTIONS / "train_with_amp.py"
 reference_solution = runpy.run_path(str(SOLUTION))["train_with_amp"]
@@ -204,8 +204,15 @@ MISTAKES = [
      False),
     ("autocast dtype hard-coded", amp_loop(autocast_dtype=torch.bfloat16),
      exercise.WRONG_AUTOCAST_DTYPE, False),
-    ("backward in autocast", amp_loop(backward_in_autocast=True), exercise.BACKWARD_IN_AUTOCAST,
-     False),
+    ("backward in autocast", amp_loop(backward_in_autocast=True),
+     training_spy.BACKWARD_IN_AUTOCAST, False),
+    *spy_mistakes(SOLUTION, "train_with_amp", 16),
+    ('autocast for "cuda" or else "cpu"',
+     variant(SOLUTION, "train_with_amp", ("autocast(device_type=device_type",
+                                          'autocast(device_type="cuda" if device_type == "cuda" '
+                                          'else "cpu"')),
+     training_spy.AUTOCAST_OTHER_DEVICE, False),
+
     ("clip before unscale_", amp_loop(clip_before_unscale=True), exercise.CLIP_BEFORE_UNSCALE,
      False),
     ("clipping ignored", amp_loop(clip=False), exercise.NOT_CLIPPED, False),

@@ -51,6 +51,22 @@ def test_wrong_missing_and_invalid_answers_are_marked() -> None:
     assert QUESTIONS[1].why not in str(result)  # a wrong answer does not give the reason away
 
 
+@pytest.mark.parametrize("answers", [["b", "b", "a"], "bbacca", None, 3, ("b", "b")],
+                         ids=["list", "str", "None", "int", "tuple"])
+def test_answers_that_are_not_a_dict_get_one_plain_line(answers: object) -> None:
+    result = check_quiz(answers)
+    text = str(result)
+    assert not result.all_correct and result.score == 0
+    assert set(result.marks.values()) == {"unanswered"} and len(result.marks) == len(QUESTIONS)
+    assert len(result.lines) == 1 and "not a dict" in text and "answers = {1:" in text
+    assert "Traceback" not in text
+
+
+def test_question_numbers_written_as_strings_are_read() -> None:
+    result = check_quiz({str(n): q.answer for n, q in QUESTIONS.items()})
+    assert result.all_correct
+
+
 @pytest.mark.parametrize("number", list(QUESTIONS))
 def test_every_wrong_option_is_marked_wrong_and_the_reason_withheld(number: int) -> None:
     q = QUESTIONS[number]

@@ -30,6 +30,7 @@ from amp_tutorial.exercises.checking import (
     Problem,
     attempt,
     error_problem,
+    left_behind,
     type_problem,
 )
 from amp_tutorial.exercises.training_spy import (
@@ -40,6 +41,10 @@ from amp_tutorial.exercises.training_spy import (
     NOT_CLIPPED,
     OVER_CLIPPED,
     TrainingSpy,
+    check_on_devices,
+    shared_problems,
+    simulated_device,
+    simulated_problems,
 )
 
 # The problem: 8 micro-batches of 32 samples, stepped in groups of 3.
@@ -49,6 +54,8 @@ ACCUMULATION = 3  # groups of 3, 3 and 2 micro-batches: the last group is shorte
 LEARNING_RATE = 0.05  # SGD: a step is proportional to the gradient, so a wrong sum shows
 INIT_SCALE = 2.0**8  # a modest start: no overflow here even if the loss is not divided
 MAX_GRAD_NORM = 0.1  # below the accumulated gradient's norm (0.3 to 0.5): clipping clips
+LOOSE_GRAD_NORM = 2.0  # above it: a right clip leaves the gradient alone; one without min(1, .)
+# scales it up
 LARGE_TARGETS = 10.0  # targets times 10: gradient norms above 1, where a default clip would fire
 GRAD_RTOL = 0.03  # measured: correct runs stay within 0.1% (float16) and 0.8% (bfloat16) of
 LOSS_RTOL = 0.03  # fp32's gradient and loss on the same big batch; a mistake is off by 33%+
@@ -93,6 +100,7 @@ SCENARIOS = (
     Scenario("float16 + clipping", torch.float16, MAX_GRAD_NORM),
     Scenario("bfloat16, disabled scaler", torch.bfloat16),
     Scenario("bfloat16 + clipping", torch.bfloat16, MAX_GRAD_NORM),
+    Scenario("float16, max_grad_norm above the gradient norm", torch.float16, LOOSE_GRAD_NORM),
     Scenario("float16, gradient norm above 1", torch.float16, target_scale=LARGE_TARGETS),
 )
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
@@ -153,6 +161,7 @@ class AccumulationSpy(TrainingSpy):
         self.step_grads: list[torch.Tensor | None] | None = None  # those of the step now running
         self.stepped = 0  # enabled scaler.step calls since the last update
         self.unscaled_by_hand = False  # unscale_ called (a disabled scaler's too) since backward
+        self.left: list[Problem] = []  # what the call left behind (checking.left_behind)
 
     def group_size(self) -> int:
         """How many micro-batches the group now running should have, by the contract."""
@@ -228,11 +237,14 @@ def _run(fn: Callable[..., object], scenario: Scenario) -> tuple[AccumulationSpy
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
     scaler = scenario.new_scaler()
     spy = AccumulationSpy(model, optimizer, scenario, scaler)
+    given = list(micro_batches)  # the caller's list: it must be left as it was
     with ExitStack() as stack:
         spy.install(stack)
-        run = attempt(fn, model, optimizer, scaler, list(micro_batches), nn.MSELoss(),
-                      ACCUMULATION, DEVICE_TYPE, scenario.amp_dtype,
-                      max_grad_norm=scenario.max_grad_norm)
+        with left_behind("train_accumulated", models={"model": model},
+                         lists={"micro_batches": given}) as spy.left:
+            run = attempt(fn, model, optimizer, scaler, given, nn.MSELoss(),
+                          ACCUMULATION, DEVICE_TYPE, scenario.amp_dtype,
+                          max_grad_norm=scenario.max_grad_norm)
     if run.error is None and spy.stepped:  # the last step was never followed by update()
         spy.count["step_without_update"] += 1
     return spy, run, micro_batches
@@ -314,6 +326,7 @@ def _process_problems(spy: AccumulationSpy, run: Attempt) -> list[Problem]:
         if c[count]:
             found.append(Problem.named(key, what.format(n=times(c[count]), sizes=sizes,
                                                         clipped=spy.clipped_to), why, fix))
+    found += shared_problems(spy, spy.scenario.max_grad_norm) + spy.left
     if run.error is None and not found and spy.sizes != expected:
         if spy.sizes == expected[:-1] and N_MICRO % k:
             found.append(Problem.named(
@@ -451,7 +464,22 @@ def check_train_accumulated(fn: Callable[..., object]) -> CheckResult:
     ``fn(model, optimizer, scaler, micro_batches, loss_fn, accumulation_steps, device_type,
     amp_dtype, max_grad_norm=None)`` returns one loss per optimizer step.
     """
-    return EXERCISE.check(SCENARIOS, lambda scenario: _scenario_problems(fn, scenario))
+    return check_on_devices(EXERCISE, SCENARIOS, lambda scenario: _scenario_problems(fn, scenario),
+                            lambda device_type: _simulated(fn, device_type))
+
+
+def _simulated(fn: Callable[..., object], device_type: str) -> list[Problem]:
+    """``fn`` given ``device_type`` and fake micro-batches on it, up to its first forward pass:
+    does its autocast follow the device type and the dtype it is given?"""
+    model, micro_batches = make_micro_batches()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+    scaler = torch.amp.GradScaler(DEVICE_TYPE, init_scale=INIT_SCALE)
+    with simulated_device(device_type, model) as seen:
+        fake = [tuple(torch.empty(t.shape, device=device_type) for t in batch)
+                for batch in micro_batches]
+        attempt(fn, model, optimizer, scaler, fake, nn.MSELoss(), ACCUMULATION, device_type,
+                torch.float16)
+    return simulated_problems(seen, torch.float16)
 
 
 def _scenario_problems(fn: Callable[..., object], scenario: Scenario) -> list[Problem]:

@@ -30,6 +30,7 @@ from amp_tutorial.exercises.checking import (
     Problem,
     attempt,
     error_problem,
+    left_behind,
     type_problem,
 )
 
@@ -367,16 +368,17 @@ def _scenario_problems(fn: SettingsFn, scenario: Scenario
     """The mistakes in one call, and what autocast did with the answer (None: no answer)."""
     with ExitStack() as stack:
         simulate(scenario, stack)
-        run = attempt(fn, scenario.device)
+        with left_behind("autocast_settings") as left:
+            run = attempt(fn, scenario.device)
         if run.error is not None:
             crashed = error_problem(run, "autocast_settings")
-            return ([crashed] if crashed else []), None
+            return ([crashed] if crashed else []) + left, None
         if shape := _shape_problem(run.value):
-            return [shape], None
+            return [shape, *left], None
         device_type, dtype, use_scaler = run.value
         reaction = autocast_reaction(device_type, dtype, scenario.device)
     found = [_device_type_problem(device_type, scenario, reaction),
-             _dtype_problem(dtype, scenario, reaction), _scaler_problem(use_scaler, dtype)]
+             _dtype_problem(dtype, scenario, reaction), _scaler_problem(use_scaler, dtype), *left]
     return [problem for problem in found if problem is not None], reaction
 
 

@@ -8,6 +8,10 @@ checker. The checker's *rules* turn what it observed into problems, each with a 
 write instead. :func:`collect` merges the problems of all scenarios into one
 :class:`CheckResult`, each message prefixed with the scenarios it showed up in.
 
+What a call must leave as it found (the global autocast switches and dtypes, the default dtype,
+grad mode, the caller's models, lists and tensors) is checked in one place, :func:`left_behind`,
+for every checker: a solution is judged by the world after the call, not only by its return value.
+
 Adding an exercise means writing its scenarios and rules, and an :class:`Exercise` (lesson, name,
 praise) whose :meth:`Exercise.check` runs them; the running, the time limit, the wrong return type,
 the report and the record of the attempt (``amp_tutorial.progress``) come from here.
@@ -23,11 +27,25 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import torch
+from torch import nn
+
 from amp_tutorial.progress import record_attempt
 
 RAISED = "raised"
 TIMED_OUT = "timed-out"
 WRONG_RETURN = "wrong-return"
+# What a call left behind (:func:`left_behind`): one key per kind, the same in every checker.
+AUTOCAST_LEFT_CHANGED = "autocast-state-left-changed"
+DEFAULT_DTYPE_LEFT_CHANGED = "default-dtype-left-changed"
+GRAD_MODE_LEFT_CHANGED = "grad-mode-left-changed"
+MODEL_MODE_CHANGED = "model-mode-changed"
+MODEL_DTYPE_CHANGED = "model-weights-dtype-changed"
+CALLER_LIST_CHANGED = "caller-list-changed"
+INPUT_CHANGED = "input-changed-in-place"
+STATE_KEYS = (AUTOCAST_LEFT_CHANGED, DEFAULT_DTYPE_LEFT_CHANGED, GRAD_MODE_LEFT_CHANGED,
+              MODEL_MODE_CHANGED, MODEL_DTYPE_CHANGED, CALLER_LIST_CHANGED, INPUT_CHANGED)
+AUTOCAST_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps")  # each has its own autocast switch
 TIME_LIMIT_S = 10.0  # a correct answer needs well under a second on a laptop CPU
 S = TypeVar("S")  # an exercise's scenario type
 
@@ -153,6 +171,160 @@ def type_problem(value: Any, expected: type | tuple[type, ...], name: str, what:
     return Problem.named(
         WRONG_RETURN, f"{name} returned {type(value).__name__} ({value!r:.80}) where {what} "
         "was expected.", "The code that uses the answer needs exactly that type.", fix)
+
+
+@dataclass
+class _World:
+    """What a call must leave as it found: global settings, and the caller's objects."""
+
+    autocast: dict[str, tuple[bool, torch.dtype]]
+    default_dtype: torch.dtype
+    grad_enabled: bool
+    modes: dict[str, list[bool]]  # model name -> each submodule's `training`
+    weight_dtypes: dict[str, list[torch.dtype]]  # model name -> each parameter's dtype
+    lists: dict[str, list[Any]]  # list name -> a shallow copy of its items
+    tensors: dict[str, torch.Tensor]  # tensor name -> a copy of its values
+
+    @classmethod
+    def now(cls, models: dict[str, nn.Module], lists: dict[str, list],
+            tensors: dict[str, torch.Tensor]) -> _World:
+        return cls({t: (torch.is_autocast_enabled(t), torch.get_autocast_dtype(t))
+                    for t in AUTOCAST_DEVICE_TYPES},
+                   torch.get_default_dtype(), torch.is_grad_enabled(),
+                   {n: [m.training for m in model.modules()] for n, model in models.items()},
+                   {n: [p.dtype for p in model.parameters()] for n, model in models.items()},
+                   {n: list(items) for n, items in lists.items()},
+                   {n: t.detach().clone() for n, t in tensors.items()})
+
+    def restore_globals(self) -> None:
+        for device_type, (enabled, dtype) in self.autocast.items():
+            torch.set_autocast_enabled(device_type, enabled)
+            torch.set_autocast_dtype(device_type, dtype)
+        torch.set_default_dtype(self.default_dtype)
+        torch.set_grad_enabled(self.grad_enabled)
+
+
+def _tensors_in(name: str, value: Any) -> dict[str, torch.Tensor]:
+    """The tensors in ``value`` (a tensor, or tuples and lists of them), named as indexed."""
+    if isinstance(value, torch.Tensor):
+        return {name: value}
+    found: dict[str, torch.Tensor] = {}
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found.update(_tensors_in(f"{name}[{i}]", item))
+    return found
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.shape == b.shape and a.dtype == b.dtype
+            and torch.equal(torch.nan_to_num(a.detach()), torch.nan_to_num(b))
+            and bool((a.detach().isnan() == b.isnan()).all()))
+
+
+def _state_problems(name: str, before: _World, after: _World, lists: dict[str, list],
+                    tensors: dict[str, torch.Tensor]) -> list[Problem]:
+    found = []
+    switched = [f'"{t}": {"on" if after.autocast[t][0] else "off"} in {after.autocast[t][1]}'
+                f' (was {"on" if was[0] else "off"} in {was[1]})'
+                for t, was in before.autocast.items() if after.autocast[t] != was]
+    if switched:
+        found.append(Problem.named(
+            AUTOCAST_LEFT_CHANGED, f"After {name} returned, autocast's global state was changed "
+            f"({'; '.join(switched)}).", "Autocast's switch and dtype are global, one per device "
+            "type: whatever runs after your function (the caller's evaluation, the next step, "
+            "other code) now runs with the autocast you left, or without the one it had. "
+            "torch.set_autocast_enabled / set_autocast_dtype, or a torch.autocast entered with "
+            "__enter__() and never exited, do this.", "use autocast only as a `with "
+            "torch.autocast(...):` block, which restores the previous state when it ends."))
+    if after.default_dtype != before.default_dtype:
+        found.append(Problem.named(
+            DEFAULT_DTYPE_LEFT_CHANGED, f"After {name} returned, torch's default dtype was "
+            f"{after.default_dtype}, not {before.default_dtype}.", "torch.set_default_dtype is "
+            "global: every float tensor and every model created afterwards, anywhere in the "
+            "program, is made in that dtype. Mixed precision keeps the weights in float32 and "
+            "lets autocast pick the dtype per op.", "never call torch.set_default_dtype; use "
+            "torch.autocast for the forward pass, or .to(dtype) on the one tensor that needs it."))
+    if after.grad_enabled != before.grad_enabled:
+        now, was = ("on" if on else "off" for on in (after.grad_enabled, before.grad_enabled))
+        found.append(Problem.named(
+            GRAD_MODE_LEFT_CHANGED, f"After {name} returned, gradient tracking was {now}, not "
+            f"{was}.",
+            "torch.set_grad_enabled is global: the caller's next forward pass records no graph "
+            "(or records one it did not ask for).", "use `with torch.no_grad():` around the part "
+            "that needs it; it restores the previous state when it ends."))
+    for model, modes in before.modes.items():
+        now = after.modes[model]
+        if now != modes:
+            state = ("eval" if not any(now) else "train" if all(now) else "mixed train/eval")
+            found.append(Problem.named(
+                MODEL_MODE_CHANGED, f"After {name} returned, the {model} was left in {state} mode "
+                f"(it was in {'train' if all(modes) else 'eval' if not any(modes) else 'mixed'} "
+                "mode).", "model.eval() and model.train() switch dropout and BatchNorm for every "
+                "later call: the caller trains, or evaluates, with the layers in the wrong mode.",
+                "leave the model's mode as you found it; if you must switch it, switch it back "
+                "(`was = model.training ... model.train(was)`)."))
+    for model, dtypes in before.weight_dtypes.items():
+        now = after.weight_dtypes[model]
+        if now != dtypes:
+            changed = sorted({str(d) for d, was in zip(now, dtypes, strict=False) if d != was})
+            found.append(Problem.named(
+                MODEL_DTYPE_CHANGED, f"After {name} returned, the {model}'s weights were in "
+                f"{', '.join(changed) or 'another dtype'}, not float32.", "Mixed precision "
+                "keeps the weights (and their gradients and the optimizer's state) in float32: "
+                "autocast casts copies of them per op. model.half() or model.to(torch.bfloat16) "
+                "rounds every weight, and updates smaller than the spacing of 16-bit numbers "
+                "then round away.", "leave the model's dtype alone; put the forward pass inside "
+                "`with torch.autocast(device_type=..., dtype=...):`."))
+    for lst, items in before.lists.items():
+        now = lists[lst]
+        if len(now) != len(items) or any(a is not b for a, b in zip(now, items, strict=False)):
+            how = (f"{len(items)} items before, {len(now)} after" if len(now) != len(items)
+                   else "items replaced")
+            found.append(Problem.named(
+                CALLER_LIST_CHANGED, f"After {name} returned, the caller's list `{lst}` had "
+                f"changed ({how}).",
+                "The caller still holds that list: .pop(), .clear(), del or item assignment "
+                "change it for the next epoch or the next call, which then gets fewer (or other) "
+                "batches.", "read the list without changing it: iterate over it, or slice it "
+                "(`items[start:start + k]` is a new list)."))
+    changed = [n for n, t in tensors.items() if not _same_tensor(t, before.tensors[n])]
+    if changed:
+        found.append(Problem.named(
+            INPUT_CHANGED, f"{name} changed its input {', '.join(changed[:4])}"
+            f"{' and more' if len(changed) > 4 else ''} in place.", "The caller still holds "
+            "these tensors: an in-place change (x.mul_(s), x *= s, x.div_(...), masked_fill_, "
+            "x[...] = ...) alters its data, so the next call, the next epoch or the caller's "
+            "own use of them sees other values, and on a tensor that requires grad autograd "
+            "refuses it.", "compute new tensors: x = x * s (not x *= s), x.masked_fill(...) "
+            "(no trailing underscore), x.float() or x.clone() before changing a copy."))
+    return found
+
+
+@contextlib.contextmanager
+def left_behind(name: str, *, models: dict[str, nn.Module] | None = None,
+                lists: dict[str, list] | None = None, tensors: dict[str, Any] | None = None,
+                ) -> Iterator[list[Problem]]:
+    """Check what the code run inside the block left behind; yields the list its problems go
+    in, filled when the block ends.
+
+    ``name``: the learner's function, for the messages; ``models``, ``lists``, ``tensors``: the
+    caller's objects by the name the messages give them (tensors may be nested in tuples and
+    lists; a list's tensors are checked too). The global state (autocast per device type, the
+    default dtype, grad mode) is put back afterwards, so one mistake is named once and does not
+    leak into the next scenario or the caller.
+    """
+    models, lists = models or {}, lists or {}
+    watched: dict[str, torch.Tensor] = {}
+    for n, value in {**(tensors or {}), **lists}.items():
+        watched.update(_tensors_in(n, value))
+    before = _World.now(models, lists, watched)
+    problems: list[Problem] = []
+    try:
+        yield problems
+    finally:
+        after = _World.now(models, lists, {})
+        before.restore_globals()
+        problems += _state_problems(name, before, after, lists, watched)
 
 
 def collect(found: Iterable[tuple[str, Iterable[Problem]]], praise: str) -> CheckResult:

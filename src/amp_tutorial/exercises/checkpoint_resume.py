@@ -7,9 +7,15 @@ that decays every step as a schedule would set it (so ``optimizer.param_groups``
 It saves with the learner's ``save`` after ``SAVE_AT`` of ``STEPS`` steps, loads with
 the learner's ``load`` into a fresh model (other initial weights), optimizer and scaler, trains
 the rest, and compares with an uninterrupted run: every parameter equal (``torch.equal``), the
-scale after every step equal, the step returned right. When they differ, it reads what ``save``
-wrote and what ``load`` restored, and names the part that was lost. No randomness is drawn after
-the resume (fixed batches, no dropout), so the checker asks for no RNG state.
+scale after every step equal, the step returned right. Step ``SKIPPED_AT`` overflows (its targets
+are huge), so the scaler skips it: the optimizer has then taken one step fewer than the loop, and a
+``load`` that returns the optimizer's own step count instead of the saved step is wrong. The
+checkpoint must be at the path given (files beside it are fine), and ``load`` is handed the same
+files moved to another folder, so it must read the path it is given.
+Neither call may leave anything else changed (``checking.left_behind``). When the runs differ,
+it reads what ``save`` wrote and what ``load`` restored, and names the part that was lost. No
+randomness is drawn after the resume (fixed batches, no dropout), so the checker asks for no RNG
+state.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import functools
 import numbers
 import pickle
 import re
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +41,7 @@ from amp_tutorial.exercises.checking import (
     Problem,
     attempt,
     error_problem,
+    left_behind,
     type_problem,
 )
 from amp_tutorial.exercises.train_loop import make_exercise_problem
@@ -42,13 +50,17 @@ STEPS = 8
 SAVE_AT = 3  # 5 steps after the resume: an odd number, so a lost growth count shows at the end
 LEARNING_RATE = 1e-2
 INIT_SCALE = 256.0
-GROWTH_INTERVAL = 2  # the scale doubles every 2 good steps: 256 -> 4096 over the run
+GROWTH_INTERVAL = 2  # the scale doubles every 2 good steps: 256 -> 2048 over the run
+SKIPPED_AT = 1  # this step's targets are OVERFLOW_TARGETS times larger: its gradients overflow
+OVERFLOW_TARGETS = 1e6  # float16 and the scaler skips it (scale 256 -> 128; Adam's step count 2)
 LR_DECAY = 0.9  # lr times 0.9 after every step, as ExponentialLR would: a fresh Adam has lr 1e-2
 DEVICE_TYPE = "cpu"  # float16 autocast and GradScaler("cpu") run on the CPU
 SCENARIO = "float16 + GradScaler, Adam"
 
 # Problem keys: one per mistake the checker can name.
 NOTHING_WRITTEN = "nothing-written-at-path"
+SAVED_ELSEWHERE = "checkpoint-not-at-path"
+LOAD_IGNORES_PATH = "load-reads-another-path"
 OBJECTS_SAVED = "objects-pickled"
 MODEL_NOT_SAVED = "model-not-saved"
 OPTIMIZER_NOT_SAVED = "optimizer-not-saved"
@@ -90,6 +102,8 @@ class Run:
         batches = _batches()
         for step in range(first, last):
             inputs, targets = batches[step % len(batches)]
+            if step == SKIPPED_AT:
+                targets = targets * OVERFLOW_TARGETS
             self.optimizer.zero_grad(set_to_none=True)
             with torch.autocast(DEVICE_TYPE, dtype=torch.float16):
                 loss = nn.functional.mse_loss(self.model(inputs), targets)
@@ -350,20 +364,34 @@ def _problems(save: Callable[..., object], load: Callable[..., object]) -> list[
     first.train(0, SAVE_AT)
     saved = first.state()
     resumed = Run.start(seed=1)  # other initial weights: everything must come from the file
-    with tempfile.TemporaryDirectory(prefix="amp_checkpoint_") as folder:
+    with tempfile.TemporaryDirectory(prefix="amp_checkpoint_") as folder, \
+            tempfile.TemporaryDirectory(prefix="amp_checkpoint_moved_") as moved:
         path = Path(folder) / "checkpoint.pt"
-        saving = attempt(save, path, first.model, first.optimizer, first.scaler, SAVE_AT)
+        with left_behind("save", models={"model": first.model}) as left:
+            saving = attempt(save, path, first.model, first.optimizer, first.scaler, SAVE_AT)
         if saving.error is not None:
             return [error_problem(saving, "save")]
+        at_path = path.is_file()
         written = _read_written(Path(folder), set(saved["model"]))
-        loading = attempt(load, path, resumed.model, resumed.optimizer, resumed.scaler)
-    found = []
+        for item in Path(folder).iterdir():  # load gets the files in another folder
+            shutil.move(item, Path(moved) / item.name)
+        with left_behind("load", models={"model": resumed.model}) as left_by_load:
+            loading = attempt(load, Path(moved) / path.name, resumed.model, resumed.optimizer,
+                              resumed.scaler)
+    found = left + [p for p in left_by_load if p.key not in {q.key for q in left}]
     if not written.files:
         found.append(Problem.named(
             NOTHING_WRITTEN, f"save wrote no file at {path.name!r} nor beside it.", "A "
             "checkpoint kept in memory, or written somewhere else, is gone (or not found) when "
             "a new process resumes from the path it was given.", "write the checkpoint to "
             "`path` with torch.save(..., path), and read it from `path` in load."))
+    elif not at_path:
+        found.append(Problem.named(
+            SAVED_ELSEWHERE, f"save wrote {written.files} file(s) beside {path.name!r} but "
+            "nothing at that path itself.", "The caller gave the path it will resume from "
+            "(and may hand it to another program, or list its checkpoints by name): a file "
+            "at another name is one it never finds.", "torch.save(checkpoint, path), with path "
+            "exactly as given (no suffix added, no folder of your own)."))
     if written.refused:
         quote = _refusal_quote(written.refused)
         found.append(Problem.named(
@@ -376,7 +404,15 @@ def _problems(save: Callable[..., object], load: Callable[..., object]) -> list[
             "optimizer.state_dict(), 'scaler': scaler.state_dict(), 'step': step} (a version "
             "as str(torch.__version__)), and restore each with load_state_dict."))
     if loading.error is not None:
-        if not (written.refused and isinstance(loading.error, pickle.UnpicklingError)):
+        if isinstance(loading.error, FileNotFoundError) and written.files:
+            found.append(Problem.named(
+                LOAD_IGNORES_PATH, "load did not read the path it was given: the checkpoint "
+                "was moved to another folder and handed to load there, and load raised "
+                f"FileNotFoundError: {loading.error}", "A checkpoint is read back by another "
+                "process, often on another machine or from another folder: load can rely on "
+                "nothing but its path argument.", "torch.load(path), with the path load was "
+                "given, not one remembered from save."))
+        elif not (written.refused and isinstance(loading.error, pickle.UnpicklingError)):
             found.append(error_problem(loading, "load", after_others=bool(found)))
         return found
     step = loading.value

@@ -39,6 +39,7 @@ from amp_tutorial.exercises.checking import (
     Problem,
     attempt,
     error_problem,
+    left_behind,
     type_problem,
 )
 
@@ -54,7 +55,8 @@ TOLERANCE = 2e-6
 # gradient off by 70% of the largest or more.
 GRAD_ATOL = 0.03
 DEVICE_TYPE = "cpu"  # float16 and bfloat16 autocast both run on the CPU
-SIMULATED_DEVICE_TYPE = "cuda"  # fake tensors: CUDA's autocast policy, without a GPU
+# fake tensors: each device's autocast policy, without the device (forward only: no backward)
+SIMULATED_DEVICE_TYPES = ("cuda", "xpu", "mps")
 
 # Problem keys: one per mistake the checker can name.
 UNDER_AUTOCAST = "computed-under-autocast"
@@ -154,7 +156,11 @@ def _dtype(dtype: torch.dtype) -> str:
 CASES = make_cases()
 SCENARIOS = tuple(Scenario(f"{_dtype(dtype)}, {case.name}", dtype, case)
                   for dtype in LOW for case in CASES)
-SIMULATED = "simulated CUDA, float16"
+
+
+def simulated(device_type: str) -> str:
+    """The name of the run on fake ``device_type`` tensors, for the report."""
+    return f"simulated {device_type} (float16)"
 
 
 # -- watching the learner's code run -----------------------------------------------------------
@@ -392,9 +398,13 @@ def _run(fn: LossFn, scenario: Scenario, call: Callable[..., Attempt] = attempt
     reference, *reference_grads = _reference(case, dtype)
     queries, keys = _inputs(case, dtype)
     watch = _Watch(DEVICE_TYPE)
-    with torch.autocast(DEVICE_TYPE, dtype=dtype), watch.installed(), warnings.catch_warnings():
+    with torch.autocast(DEVICE_TYPE, dtype=dtype), \
+            left_behind("contrastive_loss", tensors={"queries": queries, "keys": keys}) as left, \
+            watch.installed(), warnings.catch_warnings():  # the watch sees the learner's ops only
         warnings.simplefilter("ignore")  # the deprecated spellings warn; the problem names them
         run = call(fn, queries, keys, case.temperature)
+    if left:
+        return left
     if crashed := error_problem(run, "contrastive_loss"):
         return [crashed]
     value = run.value
@@ -476,24 +486,28 @@ def _dtype_problem(dtype: torch.dtype) -> Problem:
         "`loss.float()`.")
 
 
-def _run_simulated(fn: LossFn, call: Callable[..., Attempt] = attempt
+def _run_simulated(fn: LossFn, device_type: str, call: Callable[..., Attempt] = attempt
                    ) -> tuple[list[Problem], Attempt | None]:
-    """The learner's function on fake CUDA tensors with CUDA's float16 autocast on: is it
-    device-agnostic? Only the kernels' dtypes are judged; fake tensors have no values."""
-    watch = _Watch(SIMULATED_DEVICE_TYPE)
+    """The learner's function on fake ``device_type`` tensors with that device's float16
+    autocast on: is it device-agnostic? Only the kernels' dtypes are judged; fake tensors have no
+    values, and nothing requires grad (autograd on fake MPS and XPU tensors can abort)."""
+    watch = _Watch(device_type)
     case = CASES[0]
     try:
         with fake_tensors():
             queries, keys = (torch.empty(N_PAIRS, DIM, dtype=torch.float16,
-                                         device=SIMULATED_DEVICE_TYPE) for _ in range(2))
-            with autocast_flags(SIMULATED_DEVICE_TYPE, torch.float16), watch.installed(), \
+                                         device=device_type) for _ in range(2))
+            with left_behind("contrastive_loss") as left, \
+                    autocast_flags(device_type, torch.float16), watch.installed(), \
                     warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 run = call(fn, queries, keys, case.temperature)
-    except RuntimeError:  # this torch build has no fake CUDA tensors: nothing to simulate
+    except RuntimeError:  # this torch build has no such fake tensors: nothing to simulate
         return [], None
+    if run.error is not None and "is not linked with support for" in str(run.error):
+        return left, None  # an op the fake device cannot run here (no device guard): not judged
     cause = watch.cause()
-    return ([_cause_problem(*cause, watch)] if cause else []), run
+    return ([_cause_problem(*cause, watch)] if cause else []) + left, run
 
 
 def _untimed(fn: LossFn, *args: object) -> Attempt:
@@ -512,12 +526,15 @@ def _warm_up() -> None:
     dispatch mode or of fake tensors imports ``torch._dynamo`` (seconds; more without .pyc files),
     which must neither count against the learner's time nor be cut off halfway by it."""
     _run(_in_fp32_region, SCENARIOS[0], _untimed)
-    _run_simulated(_in_fp32_region, _untimed)
+    _run_simulated(_in_fp32_region, "cuda", _untimed)
 
 
 def check_contrastive_loss(fn: LossFn) -> CheckResult:
     """Call ``fn(queries, keys, temperature)`` inside CPU autocast (float16 and bfloat16, two
     inputs each), then on simulated CUDA tensors, and name every mistake.
+
+    An op that fake XPU or MPS tensors cannot run in this torch build ("not linked with support")
+    leaves that device unjudged.
 
     ``fn`` must return the mean InfoNCE loss (query i's positive is key i) as a 0-dim float32
     tensor that matches an fp32 reference and passes gradients back to both inputs.
@@ -529,14 +546,16 @@ def check_contrastive_loss(fn: LossFn) -> CheckResult:
         found.append((scenario.name, problems))
         if any(p.key == TIMED_OUT for p in problems):
             return EXERCISE.report(found)  # one endless loop is enough: do not wait again
-    simulated, run = _run_simulated(fn)
-    found.append((SIMULATED, simulated))
-    if run is not None and not any(problems for _, problems in found):
-        if crashed := error_problem(run, "contrastive_loss on fake CUDA tensors (shapes and "
-                                    "dtypes only, the checker's stand-in for a GPU)"):
-            if "device" in str(run.error):
-                crashed = Problem(RAISED, f"{crashed.message} Make every tensor you create on "
-                                  "the inputs' device: `torch.arange(len(queries), "
-                                  "device=queries.device)`.")
-            found.append((SIMULATED, [crashed]))
+    for device_type in SIMULATED_DEVICE_TYPES:
+        problems, run = _run_simulated(fn, device_type)
+        found.append((simulated(device_type), problems))
+        if run is not None and not any(problems for _, problems in found):
+            if crashed := error_problem(run, f"contrastive_loss on fake {device_type} tensors "
+                                        "(shapes and dtypes only, the checker's stand-in for "
+                                        "the device)"):
+                if "device" in str(run.error):
+                    crashed = Problem(RAISED, f"{crashed.message} Make every tensor you create "
+                                      "on the inputs' device: `torch.arange(len(queries), "
+                                      "device=queries.device)`.")
+                found.append((simulated(device_type), [crashed]))
     return EXERCISE.report(found)

@@ -27,11 +27,11 @@ from amp_tutorial.exercises.checking import (
     Problem,
     attempt,
     error_problem,
+    left_behind,
     type_problem,
 )
 from amp_tutorial.exercises.train_loop import make_exercise_problem
 from amp_tutorial.exercises.training_spy import (
-    BACKWARD_IN_AUTOCAST,
     CLIP_BEFORE_UNSCALE,
     FORWARD_NOT_AUTOCAST,
     GRADS_NOT_ZEROED,
@@ -43,11 +43,17 @@ from amp_tutorial.exercises.training_spy import (
     STEPPED_TWICE,
     WRONG_AUTOCAST_DTYPE,
     TrainingSpy,
+    check_on_devices,
+    shared_problems,
+    simulated_device,
+    simulated_problems,
 )
 
 # The problem every check runs: small enough to answer in well under a second on a laptop CPU.
 N_STEPS = 3
 MAX_NORM = 0.1  # below the problem's gradient norm (about 0.27 at the first step): the clip fires
+LOOSE_NORM = 1.0  # above it: a right clip leaves the gradients alone; one without min(1, .)
+# scales them up
 INIT_SCALE = 2.0**12  # this problem's first step overflows in float16 from a scale of 2**19 up
 OVERFLOW_SCALE = 2.0**24  # 32 times that: a correct first step must be skipped
 # Measured over 10 seeds (torch 2.14.1, CPU): a correct float16 step's loss is within 0.1% of
@@ -95,6 +101,8 @@ class Scenario:
 SCENARIOS = (
     Scenario("SGD", "SGD", INIT_SCALE, N_STEPS),
     Scenario("Adam", "Adam", INIT_SCALE, N_STEPS),
+    Scenario("max_norm above the gradient norm", "SGD", INIT_SCALE, N_STEPS,
+             max_grad_norm=LOOSE_NORM),
     Scenario("first step overflows", "SGD", OVERFLOW_SCALE, 1),
 )
 
@@ -125,7 +133,7 @@ def _fp32_reference(scenario: Scenario) -> tuple[tuple[float, ...], torch.Tensor
         optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.mse_loss(model(inputs), targets)
         loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        nn.utils.clip_grad_norm_(model.parameters(), scenario.max_grad_norm)
         if not scenario.overflows:
             optimizer.step()
         losses.append(loss.item())
@@ -169,6 +177,7 @@ class _Outcome:
     scaler: torch.amp.GradScaler
     params: torch.Tensor
     initial: torch.Tensor
+    left: list[Problem]  # what the calls left behind (checking.left_behind)
 
 
 def _run(fn: StepFn, scenario: Scenario) -> _Outcome:
@@ -177,17 +186,20 @@ def _run(fn: StepFn, scenario: Scenario) -> _Outcome:
     optimizer = _optimizer(scenario, model)
     scaler = torch.amp.GradScaler(DEVICE_TYPE, init_scale=scenario.init_scale)
     spy = _StepSpy(model, optimizer, scenario, DEVICE_TYPE)
-    runs = []
+    runs, left = [], []
     with ExitStack() as stack:
         spy.install(stack)
         for inputs, targets in data[:scenario.steps]:
             spy.new_call()
-            runs.append(attempt(fn, model, optimizer, scaler, inputs, targets, nn.MSELoss(),
-                                MAX_NORM))
+            with left_behind("fp16_step", models={"model": model},
+                             tensors={"inputs": inputs, "targets": targets}) as state:
+                runs.append(attempt(fn, model, optimizer, scaler, inputs, targets, nn.MSELoss(),
+                                    scenario.max_grad_norm))
+            left += [p for p in state if p.key not in {q.key for q in left}]
             spy.close_iteration(complete=runs[-1].error is None)  # one call, one iteration
             if runs[-1].error is not None:
                 break
-    return _Outcome(spy, runs, scaler, _params(model), initial)
+    return _Outcome(spy, runs, scaler, _params(model), initial, left)
 
 
 def _step_problems(outcome: _Outcome, scenario: Scenario) -> list[Problem]:
@@ -208,12 +220,7 @@ def _step_problems(outcome: _Outcome, scenario: Scenario) -> list[Problem]:
             "Without dtype=, torch.autocast uses the device type's default: torch.bfloat16 for "
             "\"cpu\", torch.float16 for \"cuda\" (torch 2.14), so the same code would be a "
             "bfloat16 step on a CPU.", "pass dtype=torch.float16."))
-    if c["backward_in_autocast"]:
-        found.append(Problem.named(BACKWARD_IN_AUTOCAST,
-            "backward() was called inside the autocast block.",
-            "Only the forward pass and the loss belong there; autograd already runs each op's "
-            "backward in the forward's dtype.", "dedent the backward call out of the `with` "
-            "block."))
+    found += shared_problems(spy, scenario.max_grad_norm)
     if c["backward_unscaled"]:
         found.append(Problem.named(LOSS_NOT_SCALED,
             "The loss was not scaled before backward: backward() ran on the unscaled loss.",
@@ -265,7 +272,7 @@ def _step_problems(outcome: _Outcome, scenario: Scenario) -> list[Problem]:
             "again when you have."))
     if c["not_clipped"]:
         found.append(Problem.named(NOT_CLIPPED,
-            f"The gradients were not clipped: max_norm={MAX_NORM} was given, but "
+            f"The gradients were not clipped: max_norm={scenario.max_grad_norm} was given, but "
             f"{c['not_clipped']} of the optimizer steps saw a larger gradient norm.",
             "The clip is there to cap the update when a gradient spikes.",
             "clip with torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) after "
@@ -385,12 +392,25 @@ def check_fp16_step(fn: StepFn) -> CheckResult:
     ``fn(model, optimizer, scaler, inputs, targets, loss_fn, max_norm)`` must do one float16
     training step with clipping and return the loss as a float. Takes well under a second.
     """
-    return EXERCISE.check(SCENARIOS, lambda scenario: _scenario_problems(fn, scenario))
+    return check_on_devices(EXERCISE, SCENARIOS, lambda scenario: _scenario_problems(fn, scenario),
+                            lambda device_type: _simulated(fn, device_type))
+
+
+def _simulated(fn: StepFn, device_type: str) -> list[Problem]:
+    """The step called with fake ``device_type`` inputs, up to its forward pass: does its
+    autocast follow the inputs' device?"""
+    model, data = make_step_problem()
+    optimizer = torch.optim.SGD(model.parameters(), lr=OPTIMIZERS["SGD"][1])
+    scaler = torch.amp.GradScaler(DEVICE_TYPE, init_scale=INIT_SCALE)
+    with simulated_device(device_type, model) as seen:
+        inputs, targets = (torch.empty(t.shape, device=device_type) for t in data[0])
+        attempt(fn, model, optimizer, scaler, inputs, targets, nn.MSELoss(), MAX_NORM)
+    return simulated_problems(seen, torch.float16)
 
 
 def _scenario_problems(fn: StepFn, scenario: Scenario) -> list[Problem]:
     outcome = _run(fn, scenario)
-    problems = _step_problems(outcome, scenario)
+    problems = _step_problems(outcome, scenario) + outcome.left
     error = next((run for run in outcome.runs if run.error is not None), None)
     if error is None:
         problems += _result_problems(outcome, scenario, bool(problems))

@@ -12,14 +12,25 @@ read its ``count`` and the fields below.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from contextlib import ExitStack
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 from unittest import mock
 
 import torch
 from torch import nn
+
+from amp_tutorial.autocast_policy import fake_tensors
+from amp_tutorial.exercises.checking import (
+    AUTOCAST_DEVICE_TYPES,
+    TIMED_OUT,
+    CheckResult,
+    Exercise,
+    Problem,
+    left_behind,
+)
 
 # The training-step mistakes more than one checker names (the spy sees them all), one key each.
 FORWARD_NOT_AUTOCAST = "forward-not-autocast"
@@ -35,6 +46,11 @@ CLIPPED_WITHOUT_MAX = "clipped-without-max-grad-norm"
 OPTIMIZER_STEP_DIRECT = "optimizer-step-direct"
 STEPPED_TWICE = "optimizer-stepped-twice"
 NO_SCALER_UPDATE = "no-scaler-update"
+CLIPPED_UP = "clip-scales-gradient-up"
+AUTOCAST_OTHER_DEVICE = "autocast-for-another-device"
+DTYPE_BY_DEVICE = "autocast-dtype-chosen-by-device"
+SHARED_KEYS = (BACKWARD_IN_AUTOCAST, CLIPPED_UP)  # what shared_problems names
+SIMULATED_KEYS = (AUTOCAST_OTHER_DEVICE, DTYPE_BY_DEVICE)  # what simulated_problems names
 
 
 class TrainingScenario(Protocol):
@@ -59,6 +75,7 @@ class _Iteration:
     zeroed: bool = False  # the gradients were zeroed after backward, before the step used them
 
 
+S = TypeVar("S")  # a checker's scenario type
 CLIP_RTOL = 0.01  # clip_grad_norm_ leaves the norm at max_norm * norm / (norm + 1e-6)
 
 
@@ -90,7 +107,7 @@ class TrainingSpy:
              "backward", "backward_in_autocast", "backward_unscaled", "backward_not_zeroed",
              "scale_enabled", "scale_disabled", "unscale", "scaler_step", "update",
              "optimizer_step", "optimizer_step_direct", "modified_before_unscale",
-             "not_clipped", "over_clipped", "clipped_without_limit",
+             "not_clipped", "over_clipped", "clipped_without_limit", "clipped_up",
              "iterations_without_update", "stepped_twice", "zeroed_before_step"], 0)
         self.wrong_dtypes: set[torch.dtype] = set()
         self.scalers: list[torch.amp.GradScaler] = []  # enabled scalers seen, each object once
@@ -103,6 +120,7 @@ class TrainingSpy:
         self.unscaled = False  # unscale_ (explicit or inside step) ran since the last backward
         self.in_scaler_step = False
         self.clipped_to = 0.0  # the gradient norm of the last step clipped where it should not be
+        self.clipped_from = 0.0  # its norm before the clip, where the clip made it larger
         self.iteration = _Iteration()
 
     # -- iterations ----------------------------------------------------------------------------
@@ -135,7 +153,7 @@ class TrainingSpy:
         self.count["forward"] += 1
         if not torch.is_autocast_enabled(device_type):
             self.count["forward_no_autocast"] += 1
-            if any(torch.is_autocast_enabled(t) for t in ("cuda", "mps", "xpu")
+            if any(torch.is_autocast_enabled(t) for t in AUTOCAST_DEVICE_TYPES
                    if t != device_type):
                 self.count["forward_other_device"] += 1
         elif torch.get_autocast_dtype(device_type) != self.scenario.amp_dtype:
@@ -239,6 +257,9 @@ class TrainingSpy:
         elif limit is not None and norm < min(before, limit) * (1 - CLIP_RTOL):
             self.count["over_clipped"] += 1
             self.clipped_to = norm
+        elif limit is not None and norm > before * (1 + CLIP_RTOL):
+            self.count["clipped_up"] += 1  # g * max_norm / norm without min(1, ...)
+            self.clipped_to, self.clipped_from = norm, before
 
     def install(self, stack: ExitStack) -> None:
         """Register the hooks and wrap the GradScaler methods and autograd's backward."""
@@ -255,3 +276,132 @@ class TrainingSpy:
                 return _spy(_original, scaler, *args, **kwargs)
 
             stack.enter_context(mock.patch.object(torch.amp.GradScaler, name, wrapper))
+
+
+def shared_problems(spy: TrainingSpy, max_grad_norm: float | None) -> list[Problem]:
+    """The mistakes every training checker names with the same rule and the same words (one
+    verdict everywhere): backward inside autocast, a clip that makes small gradients larger, and
+    a forward pass under another device type's autocast."""
+    c, found = spy.count, []
+    if c["backward_in_autocast"]:
+        found.append(Problem.named(
+            BACKWARD_IN_AUTOCAST, f"backward() was called inside the autocast block "
+            f"({c['backward_in_autocast']} of {c['backward']} backward calls).", "Only the "
+            "forward pass and the loss belong there (torch.autocast's documentation: \"Backward "
+            "passes under autocast are not recommended\"); autograd already runs each op's "
+            "backward in the dtype its forward used.", "dedent the backward call out of the "
+            "`with torch.autocast(...):` block."))
+    if c["clipped_up"]:
+        found.append(Problem.named(
+            CLIPPED_UP, f"max_grad_norm={max_grad_norm} was given and the gradient's norm was "
+            f"only {spy.clipped_from:.3g}, yet the optimizer stepped with a norm of "
+            f"{spy.clipped_to:.3g} ({c['clipped_up']} steps): the clip made a small gradient "
+            "larger.", "Clipping only ever shrinks: the factor is min(1, max_norm / norm). "
+            "Multiplying by max_norm / norm alone sets every gradient's norm to max_norm, so "
+            "each step is as long as the largest allowed, however small the gradient.",
+            "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm), or by hand a "
+            "factor of min(1.0, max_grad_norm / (norm + 1e-6))."))
+    return found
+
+
+# -- other devices -----------------------------------------------------------------------------
+# The checkers train on the CPU; whether the code follows the device it is given is seen on fake
+# tensors of these device types (FakeTensorMode: shapes, dtypes and devices, no values), up to the
+# first forward pass: autograd cannot run backward on fake tensors without the device.
+SIMULATED_DEVICE_TYPES = ("cuda", "xpu", "mps")
+
+
+class FirstForward(Exception):  # noqa: N818 - a signal, not an error
+    """Raised at the first training forward pass of a simulated run: all it needs is seen."""
+
+
+@dataclass
+class ForwardSeen:
+    """The autocast state at the first training forward pass on a simulated device."""
+
+    device_type: str
+    enabled: bool | None = None  # None: no forward pass ran
+    dtype: torch.dtype | None = None
+    others: tuple[str, ...] = ()  # the other device types whose autocast was on
+
+
+@contextmanager
+def simulated_device(device_type: str, model: nn.Module) -> Iterator[ForwardSeen]:
+    """Fake tensors of ``device_type`` (make the inputs inside), torch.autocast and GradScaler
+    taking the device type as if it were here, and ``model`` stopped at its first training forward
+    pass (:class:`FirstForward`) with the autocast state noted. Everything is restored after."""
+    seen = ForwardSeen(device_type)
+
+    def hook(module: nn.Module, args: tuple) -> None:
+        if not torch.is_grad_enabled():
+            return
+        seen.enabled = torch.is_autocast_enabled(device_type)
+        seen.dtype = torch.get_autocast_dtype(device_type)
+        seen.others = tuple(t for t in AUTOCAST_DEVICE_TYPES
+                            if t != device_type and torch.is_autocast_enabled(t))
+        raise FirstForward
+
+    with ExitStack() as stack:
+        # torch.autocast("cuda") and GradScaler("cuda") switch themselves off without CUDA
+        stack.enter_context(mock.patch.object(torch.cuda.amp.common,
+                                              "amp_definitely_not_available", lambda: False))
+        stack.enter_context(mock.patch.object(torch.cuda, "is_bf16_supported",
+                                              lambda including_emulation=True: True))
+        stack.enter_context(left_behind("the simulated run"))  # restores autocast's state
+        stack.callback(model.register_forward_pre_hook(hook).remove)
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("ignore")
+        stack.enter_context(fake_tensors())
+        yield seen
+
+
+def simulated_problems(seen: ForwardSeen, amp_dtype: torch.dtype) -> list[Problem]:
+    """What the first forward pass on a simulated device shows: autocast for the wrong device
+    type, or a dtype chosen by the device instead of the one asked for. Nothing if no forward ran
+    or no autocast was on at all (the CPU runs name those)."""
+    device_type = seen.device_type
+    if seen.enabled is None or not (seen.enabled or seen.others):
+        return []  # no forward, or no autocast at all: the CPU runs name it
+    if not seen.enabled:
+        other = f"while the autocast of {', '.join(map(repr, seen.others))} was on"
+        return [Problem.named(
+            AUTOCAST_OTHER_DEVICE, f"On a simulated {device_type!r} device the forward pass ran "
+            f"without the {device_type!r} autocast, {other}.", "Autocast keeps one switch per "
+            "device type and changes only ops on tensors of that type: a device type written "
+            "into the code (\"cpu\", or a choice between \"cuda\" and \"cpu\") leaves the "
+            "model on any other device (an Intel XPU, an Apple GPU) in float32.", "take the "
+            "device type from what you are given: the device_type argument, or "
+            "inputs.device.type.")]
+    if seen.dtype != amp_dtype:
+        return [Problem.named(
+            DTYPE_BY_DEVICE, f"On a simulated {device_type!r} device autocast ran in "
+            f"{seen.dtype}, not the {amp_dtype} asked for.", "The dtype was chosen from the "
+            "device type instead of taken from the caller, who picked it for this device (a "
+            "float16 GPU without native bfloat16, say).", "pass the dtype you were given: "
+            "`torch.autocast(device_type=..., dtype=amp_dtype)` (fp16_step: always float16).")]
+    return []
+
+
+# A mistake on a simulated device that the CPU runs explain already (no autocast, or a wrong
+# dtype, everywhere) is not named again.
+_EXPLAINED_BY = {AUTOCAST_OTHER_DEVICE: {FORWARD_NOT_AUTOCAST},
+                 DTYPE_BY_DEVICE: {FORWARD_NOT_AUTOCAST, WRONG_AUTOCAST_DTYPE}}
+
+
+def check_on_devices(exercise: Exercise, scenarios: Iterable[S],
+                     problems_of: Callable[[S], list[Problem]],
+                     simulated_of: Callable[[str], list[Problem]]) -> CheckResult:
+    """A training checker's whole run: its CPU ``scenarios`` (stopping after one that ran past
+    the time limit), then each of :data:`SIMULATED_DEVICE_TYPES` through ``simulated_of``,
+    reported and recorded as one result."""
+    found = []
+    for scenario in scenarios:
+        found.append((scenario.name, problems_of(scenario)))
+        if any(p.key == TIMED_OUT for p in found[-1][1]):
+            return exercise.report(found)
+    named = {p.key for _, problems in found for p in problems}
+    for device_type in SIMULATED_DEVICE_TYPES:
+        found.append((f"simulated {device_type} (float16)",
+                      [p for p in simulated_of(device_type)
+                       if not named & _EXPLAINED_BY.get(p.key, set())]))
+    return exercise.report(found)
