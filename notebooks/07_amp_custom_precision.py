@@ -264,8 +264,9 @@ for case in make_cases():  # the two inputs the checker below uses
 # inputs, and compares the loss and both gradients with an fp32 reference computed outside
 # autocast. It does not read your source: it watches autocast's state at each torch call you
 # make, the dtype each kernel ran in and the autocast regions you enter, so it can say which
-# mistake it saw. A last run on fake CUDA tensors (shapes and dtypes, no values) checks that your
-# code also keeps fp32 on a GPU.
+# mistake it saw. Last runs on fake CUDA, XPU and MPS tensors (shapes and dtypes, no values) check
+# that your code also keeps fp32 on a GPU (where a fake device cannot run an op, that run is left
+# unjudged).
 
 # %% tags=["exercise"] solution="contrastive_loss.py"
 # YOUR CODE: replace the body of this function, run this cell, then run the checker below.
