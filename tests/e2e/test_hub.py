@@ -649,8 +649,9 @@ def test_a_poisoned_record_is_set_aside_and_later_attempts_still_arrive(
 
 def test_a_flooding_learner_beside_an_honest_class(workshop: Class) -> None:
     """scripts/progress_load.py against this hub: 20 learners checking 25 times each beside one
-    who floods: every honest attempt stored once, none slower than 3 s, the flooder refused (429)
-    and held to the row cap, the page under 1 s and small."""
+    who floods: every honest attempt stored once, none slower than 3 s after each learner's first
+    post (on which the hub checks the token, for all 20 at once; the client resends a post it
+    timed out on), the flooder refused (429) and held to the row cap, the page under 1 s, small."""
     progress_load = load_program("progress_load")
     try:
         figures = progress_load.main(["--hub", workshop.hub.url, "--token",
