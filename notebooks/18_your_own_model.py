@@ -1,8 +1,11 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     memory:
+#       cpu: 571
+#       paper: 7004
 #     minutes:
-#       smoke: 1.8
+#       smoke: 0.3
 #     needs: 'any device, CPU included; TF32 advice: NVIDIA compute capability 8.0+'
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
