@@ -265,8 +265,9 @@ fig = plot_bars({f"{m} (ms/step)": table.loc[m, "ms/step (median)"].to_dict() fo
 import sys
 
 import torch._inductor.config as inductor_config
-from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
+
+from amp_tutorial.op_profile import self_times_per_step
 
 KERNEL_ACTIVITY = {"cuda": ProfilerActivity.CUDA, "xpu": ProfilerActivity.XPU}.get(info.type)
 ACTIVITIES = [ProfilerActivity.CPU, *([KERNEL_ACTIVITY] if KERNEL_ACTIVITY else [])]
@@ -276,6 +277,7 @@ print(f"the tables below rank {CLOCK} by their own time on {info.type}"
       + (" (the CPU's launch time: the profiler sees no kernels here)" if host_only else ""))
 
 
+# %%
 def profile_conv_step(compiled, steps=3):
     """Per op (CPU) and per kernel (GPU): calls and self ms per step, of ``steps`` steps."""
     make_model, inputs, targets, loss_fn = MODELS["ConvModel"]
@@ -298,12 +300,7 @@ def profile_conv_step(compiled, steps=3):
         with profile(activities=ACTIVITIES) as prof:
             for _ in range(steps):
                 step()
-    events = prof.key_averages()
-    ops = {e.key: (e.count / steps, e.self_cpu_time_total / 1e3 / steps)
-           for e in events if e.device_type == DeviceType.CPU}
-    kernels = {e.key: (e.count / steps, e.self_device_time_total / 1e3 / steps)
-               for e in events if e.device_type != DeviceType.CPU}
-    return ops, kernels
+    return self_times_per_step(prof, steps)  # per CPU op, per device kernel
 
 
 # %%
@@ -321,6 +318,7 @@ def kind(op):
     return "other (Python, optimizer, autograd, copies)"
 
 
+# %%
 if BACKEND is None:
     print(f"no compiled profile: {backend_reason}")
 profiled = {f"{'compiled' if c else 'eager'} {dtype_name(LOW)}": profile_conv_step(c)

@@ -219,6 +219,7 @@ def fp8_capable():
     return cc >= (8, 9), f"NVIDIA compute capability {cc[0]}.{cc[1]} (FP8 needs 8.9 or newer)"
 
 
+# %%
 def to_float8(model):
     """Swap every linear whose sizes are multiples of 16, except the vocabulary head, for
     torchao's Float8Linear (in place); returns the model."""
@@ -261,7 +262,6 @@ def train_transformer(use_fp8, device, sizes, steps, compiled):
     net = torch.compile(model) if compiled else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     timer, losses = StepTimer(device, warmup=1 if compiled else 0), []
-
     def step():
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16):
@@ -269,8 +269,6 @@ def train_transformer(use_fp8, device, sizes, steps, compiled):
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-
-    compiled_ops = {}
     if compiled:  # the first step compiles: count the FP8 matmuls in the graphs Inductor gets
         with compiled_op_count("aten::_scaled_mm") as compiled_ops:
             step()
@@ -278,10 +276,10 @@ def train_transformer(use_fp8, device, sizes, steps, compiled):
     for _ in tqdm(range(steps - 1 - compiled), desc="FP8" if use_fp8 else "bf16"):
         with timer.step():
             step()
-    layers = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
     return {"ms/step": timer.timing.median * 1e3, "first loss": losses[0], "final loss": losses[-1],
-            "_scaled_mm calls": ops.get("aten::_scaled_mm", 0), "float8 layers": layers,
-            "FP8 matmuls compiled": compiled_ops.get("aten::_scaled_mm", float("nan"))}
+            "_scaled_mm calls": ops.get("aten::_scaled_mm", 0),
+            "float8 layers": sum(type(m).__name__ == "Float8Linear" for m in model.modules()),
+            "FP8 matmuls compiled": compiled_ops["aten::_scaled_mm"] if compiled else float("nan")}
 
 
 # %%

@@ -146,7 +146,7 @@ def _cpu_bf16_note(flags: tuple[str, ...] | None) -> str:
         return (f"native bf16 on this CPU: no, in this process: the CPU has {', '.join(flags)}, "
                 f"but oneDNN's bf16 kernels are off ({', '.join(caps) or 'no ISA cap set'}; "
                 f"torch CPU kernels: {capability}): bf16 matmuls fall back to ATen's reference "
-                f"gemm, as on an AVX2-only CPU{small}")
+                f"gemm, slower than fp32, as on an AVX2-only CPU{small}")
     text = (f"native bf16 on this CPU: no (none of the flags {', '.join(CPU_BF16_FLAGS)}; torch "
             f"CPU kernels: {capability})")
     if onednn_bf16() is False:

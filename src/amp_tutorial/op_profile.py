@@ -101,3 +101,15 @@ def cpu_scaled_mm_uses_onednn() -> bool:
             and cpu_has_amx_int8())
 
 
+def self_times_per_step(prof: profile, steps: int
+                        ) -> tuple[dict[str, tuple[float, float]], dict[str, tuple[float, float]]]:
+    """From a profile of ``steps`` steps: (calls, self ms) per step of each CPU op, and of each
+    device kernel (CUDA, which ROCm shares, or XPU; none when only the CPU was profiled)."""
+    from torch.autograd import DeviceType
+
+    events = prof.key_averages()
+    ops = {e.key: (e.count / steps, e.self_cpu_time_total / 1e3 / steps)
+           for e in events if e.device_type == DeviceType.CPU}
+    kernels = {e.key: (e.count / steps, e.self_device_time_total / 1e3 / steps)
+               for e in events if e.device_type != DeviceType.CPU}
+    return ops, kernels

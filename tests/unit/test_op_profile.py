@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from amp_tutorial.op_profile import (
     compiled_op_count,
@@ -9,6 +10,7 @@ from amp_tutorial.op_profile import (
     cpu_scaled_mm_uses_onednn,
     events_with_dtypes,
     op_counts,
+    self_times_per_step,
 )
 
 
@@ -90,3 +92,14 @@ def test_compiled_op_count_sees_forward_and_backward_graphs_every_compile() -> N
         with compiled_op_count("aten::mm", "aten::_scaled_mm") as counts:
             torch.compile(lambda x, y: x @ y)(a, b).sum().backward()
         assert counts == {"aten::mm": 3, "aten::_scaled_mm": 0}
+
+
+def test_self_times_are_per_step_and_split_cpu_ops_from_device_kernels() -> None:
+    a = torch.randn(64, 64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(4):
+            a @ a
+    ops, kernels = self_times_per_step(prof, steps=4)
+    calls, ms = ops["aten::mm"]
+    assert calls == 1.0 and ms > 0  # four calls over four steps
+    assert kernels == {}  # only the CPU was profiled
