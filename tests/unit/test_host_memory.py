@@ -24,7 +24,9 @@ for _ in range(12):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     step()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(sum(faults[-4:]))  # the steady state: the last 4 steps
+# the steady state: the median of the last 8 steps. Not their sum: the kernel's own bookkeeping
+# (NUMA balancing on a VM unmaps pages now and then) can fault one step's pages in again
+print(sorted(faults[-8:])[4])
 print(note)
 """
 PAGES_PER_STEP = 64 * 2**20 // 4096
@@ -50,7 +52,7 @@ def test_kept_memory_stops_the_page_faults_of_every_step(env):
     system, system_note = page_faults({**env, MALLOC_ENV: "system"})
     # glibc's defaults hand each 32 MiB buffer back to the kernel (it is at the mmap threshold's
     # ceiling), so every step faults every page in again; kept, the steady state reuses them
-    assert system >= 4 * PAGES_PER_STEP * 0.9, system
+    assert system >= PAGES_PER_STEP * 0.9, system
     assert kept < system / 100, (kept, system)
     assert "keeps freed blocks for reuse" in note
     assert f"{MALLOC_ENV}=system" in system_note
