@@ -219,7 +219,10 @@ for r in compile_runs:
                      if e["model"] == r["model"] and e["run"] == r["run"].replace("compiled",
                                                                                   "eager"))
         assert abs(r["losses"][0] - eager["losses"][0]) < 0.05 * eager["losses"][0] + 1e-3
-        assert r["compile_s"] > r["timing"].median, "the first call should include compiling"
+        # Inductor's code generation takes seconds; aot_eager (smoke) generates no code, and its
+        # capture alone took less than one step on a loaded 2-core machine (CI, torch 2.9, fp16)
+        if BACKEND == "inductor":
+            assert r["compile_s"] > r["timing"].median, "the first call should include compiling"
 for model_name in MODELS:
     rows = table.loc[model_name]
     for dtype in ("fp32", dtype_name(LOW)):

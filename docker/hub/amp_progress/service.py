@@ -221,6 +221,10 @@ class InstructorHandler(Handler):
         model = getattr(self, "_cached_hub_user", None)  # whom the hub named, allowed or not
         if model is not None and not may_read(model):
             raise web.HTTPError(403, "the class's progress is for the instructor")
+        if model is None and self.request.method not in ("GET", "HEAD"):
+            # a token the hub names no user for here (a learner's lacks this service's scopes):
+            # refused in the same words, rather than tornado's bare "Forbidden" for a POST
+            raise web.HTTPError(403, "the class's progress is for the instructor")
 
 
 class PageHandler(InstructorHandler):
