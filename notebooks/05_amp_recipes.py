@@ -45,7 +45,13 @@ from torch import nn
 
 from amp_tutorial.checkpoint import load_checkpoint, save_checkpoint
 from amp_tutorial.data import make_problem
-from amp_tutorial.device import describe_device, dtype_name, select_device
+from amp_tutorial.device import (
+    describe_device,
+    dtype_name,
+    fp32_baseline,
+    select_device,
+    tf32_in_use,
+)
 from amp_tutorial.exercises.accumulation import check_train_accumulated
 from amp_tutorial.exercises.checkpoint_resume import check_save_and_load
 from amp_tutorial.models import seeded_conv_model
@@ -186,17 +192,20 @@ def relative_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return ((flat_a - flat_b).norm() / flat_b.norm()).item()
 
 
+fp32_tolerance = 1e-3 if tf32_in_use(info) else 1e-5  # TF32: 10 mantissa bits, fp32: 23
 for use_amp in (False, True):
     diff = relative_difference(accumulated_gradients(use_amp, ACCUMULATION),
                                accumulated_gradients(use_amp, 1))
-    label = dtype_name(amp_dtype) if use_amp else "fp32"
+    label = dtype_name(amp_dtype) if use_amp else fp32_baseline(info)
     print(f"{label}: {ACCUMULATION} accumulated micro-batches vs one batch, "
           f"relative gradient difference {diff:.2e}")
-    assert diff < (2e-2 if use_amp else 1e-5)
+    assert diff < (2e-2 if use_amp else fp32_tolerance)
 
 # %% [markdown]
 # In fp32 the two gradients agree to rounding error; under AMP they agree to the precision of the
-# low-precision arithmetic, which is what AMP changes anyway.
+# low-precision arithmetic, which is what AMP changes anyway. On an Ampere or newer NVIDIA GPU
+# "fp32" convolutions run in TF32 unless you switch it off (lesson 03), and the fp32 pair agrees
+# to TF32's rounding instead (1.3e-4 on an H100 with torch 2.11, at `paper`).
 #
 # ### Exercise: write the accumulation loop
 #
@@ -281,8 +290,7 @@ checkpoint = save_checkpoint(work_dir / "amp.pt", first_half["model"], first_hal
                              data_rng=first_half["data"].get_state())
 
 resumed = start_run(seed=123)  # different initial weights: everything must come from the file
-extra = load_checkpoint(checkpoint, resumed["model"], resumed["optimizer"], resumed["scaler"],
-                        map_location=info.device)
+extra = load_checkpoint(checkpoint, resumed["model"], resumed["optimizer"], resumed["scaler"])
 resumed["data"].set_state(extra["data_rng"])
 train_steps(resumed, 2 * HALF - extra["step"])
 
@@ -299,7 +307,7 @@ assert resumed["scaler"].get_scale() > 2.0**10  # the scale did change during th
 
 # %%
 no_scaler = start_run(seed=123)
-load_checkpoint(checkpoint, no_scaler["model"], no_scaler["optimizer"], map_location=info.device)
+load_checkpoint(checkpoint, no_scaler["model"], no_scaler["optimizer"])
 no_scaler["data"].set_state(extra["data_rng"])
 saved_scale = first_half["scaler"].get_scale()
 print(f"resumed without the scaler's state: scale {no_scaler['scaler'].get_scale():.0f}, "
@@ -309,7 +317,7 @@ train_steps(no_scaler, 2 * HALF - extra["step"])
 
 no_data_state = start_run(seed=123)
 load_checkpoint(checkpoint, no_data_state["model"], no_data_state["optimizer"],
-                no_data_state["scaler"], map_location=info.device)
+                no_data_state["scaler"])
 train_steps(no_data_state, 2 * HALF - extra["step"])
 assert not same_parameters(no_data_state["model"], uninterrupted["model"])
 print("missing scaler state -> scale differs; missing data state -> parameters differ")
@@ -359,7 +367,7 @@ save_checkpoint(work_dir / "fp32.pt", fp32_run["model"], fp32_run["optimizer"],
 
 amp_run = start_run(seed=123)  # an enabled scaler at its initial scale, 2**10
 extra = load_checkpoint(work_dir / "fp32.pt", amp_run["model"], amp_run["optimizer"],
-                        amp_run["scaler"], map_location=info.device)
+                        amp_run["scaler"])
 amp_run["data"].set_state(extra["data_rng"])
 assert amp_run["scaler"].get_scale() == 2.0**10  # nothing to restore: initial scale
 assert same_parameters(amp_run["model"], fp32_run["model"])
@@ -371,7 +379,7 @@ save_checkpoint(work_dir / "amp_from_fp32.pt", amp_run["model"], amp_run["optimi
 back_to_fp32 = start_run(seed=7)
 back_to_fp32["scaler"] = torch.amp.GradScaler(info.type, enabled=False)
 load_checkpoint(work_dir / "amp_from_fp32.pt", back_to_fp32["model"], back_to_fp32["optimizer"],
-                back_to_fp32["scaler"], map_location=info.device)
+                back_to_fp32["scaler"])
 assert same_parameters(back_to_fp32["model"], amp_run["model"])
 print(f"fp32 steps: loss {fp32_losses[0]:.4f} -> {fp32_losses[-1]:.4f}; "
       f"resumed with AMP: {amp_losses[0]:.4f} -> {amp_losses[-1]:.4f}")

@@ -54,9 +54,9 @@ from amp_tutorial.presets import fp16_width, get_preset
 
 info = select_device()
 preset = get_preset(device_type=info.type)
+torch.manual_seed(0)  # every run starts from the same numbers
 print(describe_device(info))
 print(f"preset {preset.name!r}: {preset.description}")
-torch.manual_seed(0)  # every run starts from the same numbers
 
 # %%
 fp16_device = info.device if torch.float16 in info.amp_dtypes or info.type == "cpu" else (

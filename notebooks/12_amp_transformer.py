@@ -64,9 +64,9 @@ from amp_tutorial.transformer import DecoderTransformer
 info = select_device()
 preset = get_preset(device_type=info.type)
 sizes = preset.transformer
+torch.manual_seed(0)  # every run starts from the same numbers
 print(describe_device(info))
 print(f"preset {preset.name!r}: {sizes}")
-torch.manual_seed(0)  # every run starts from the same numbers
 
 # %% [markdown]
 # ## The task and the model

@@ -50,9 +50,9 @@ from amp_tutorial.presets import get_preset
 info = select_device()
 preset = get_preset(device_type=info.type)
 sizes = preset.transformer
+torch.manual_seed(0)  # every run starts from the same numbers
 print(describe_device(info))
 print(f"preset {preset.name!r}: {sizes}")
-torch.manual_seed(0)  # every run starts from the same numbers
 
 # %% [markdown]
 # ## 1. Attention in float16: the two classic failures and their fixes

@@ -53,9 +53,9 @@ preset = get_preset(device_type=info.type)
 # bf16 where the device offers it, else the device's AMP dtype (a pre-Ampere GPU: fp16)
 LOW = torch.bfloat16 if torch.bfloat16 in info.amp_dtypes else info.amp_dtype
 assert LOW is not None, "this device/torch has no usable autocast dtype"
+torch.manual_seed(0)  # every run starts from the same numbers
 print(describe_device(info))
 print(f"preset {preset.name!r}; low-precision dtype for this lesson: {dtype_name(LOW)}")
-torch.manual_seed(0)  # every run starts from the same numbers
 
 # %% [markdown]
 # The two models and their data. The transformer is lesson 12's, at the preset's sizes

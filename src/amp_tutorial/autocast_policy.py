@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -262,16 +263,34 @@ def autocast_flags(device_type: str, low: torch.dtype, enabled: bool = True) -> 
         torch.set_autocast_dtype(device_type, before[1])
 
 
+def _own_gpu_context(original: Callable[[torch.device], None]) -> Callable[[torch.device], None]:
+    """``fake_tensor.init_gpu_context`` as torch 2.14 has it: a fake ``cuda`` or ``xpu`` tensor
+    starts that device's runtime only where that device is present. torch 2.9 and 2.11 start it
+    whenever *a* GPU is (``torch.cuda.is_available() or torch.xpu.is_available()``), so on a CUDA
+    machine the first fake XPU tensor asks a runtime the build lacks and raises "Torch not
+    compiled with XPU enabled" (seen on an H100 with torch 2.11.0+cu130).
+    """
+    def init(device: torch.device) -> None:
+        if device.type in available_devices():
+            original(device)
+    return init
+
+
 @contextmanager
 def fake_tensors() -> Iterator[FakeTensorMode]:
-    """``FakeTensorMode``, without the error log it writes for every call that raises inside it."""
+    """``FakeTensorMode``, without the error log it writes for every call that raises inside it,
+    and with fake tensors of a device that is not here kept off the GPU that is
+    (``_own_gpu_context``).
+    """
     log = logging.getLogger("torch._subclasses.fake_tensor")
-    level = log.level
+    level, original = log.level, fake_tensor.init_gpu_context
     log.setLevel(logging.CRITICAL)  # a failing call is a probe result, reported in its row
+    fake_tensor.init_gpu_context = _own_gpu_context(original)
     try:
         with FakeTensorMode() as mode:
             yield mode
     finally:
+        fake_tensor.init_gpu_context = original
         log.setLevel(level)
 
 

@@ -54,15 +54,19 @@ def load_checkpoint(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
     scaler: torch.amp.GradScaler | None = None,
-    map_location: torch.device | str | None = None,
 ) -> dict[str, Any]:
     """Restore what ``save_checkpoint`` wrote into model, optimizer and scaler; return ``extra``.
 
     The scaler is restored only when both sides have one (an enabled scaler and a saved scale): an
     fp32 or bf16 checkpoint leaves an fp16 run's scaler at its initial scale, and an fp16
     checkpoint's scale is ignored by a run without a scaler.
+
+    The file is read into host memory whatever device wrote it: ``load_state_dict`` copies each
+    tensor to where its parameter lives (the optimizer's state too), and ``extra`` comes back on
+    the CPU, where a ``torch.Generator``'s state must be (``set_state`` refuses a CUDA tensor,
+    "RNG state must be a torch.ByteTensor", as mapping the file to the GPU gave on an H100).
     """
-    state = torch.load(path, map_location=map_location, weights_only=True)
+    state = torch.load(path, map_location="cpu", weights_only=True)
     if state.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{path} is not a checkpoint written by save_checkpoint "
                          f"(format_version {state.get('format_version')!r})")

@@ -282,6 +282,9 @@ class DeviceInfo:
         return f"{self.device} ({self.backend}: {self.name}); AMP dtypes: {dtypes}"
 
 
+BF16_NOT_OFFERED = "bf16 not offered"  # the note of a GPU without native bf16 starts so
+
+
 def _bf16_support(device: torch.device) -> tuple[bool | None, tuple[str, ...]]:
     """Whether ``device`` computes bf16 natively, and a note saying how that was decided."""
     if device.type == "cpu":
@@ -292,17 +295,17 @@ def _bf16_support(device: torch.device) -> tuple[bool | None, tuple[str, ...]]:
             return True, ()
         if torch.version.hip:
             arch = torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
-            return False, (f"bf16 not offered: this AMD GPU ({arch}) has no bf16 matrix "
+            return False, (f"{BF16_NOT_OFFERED}: this AMD GPU ({arch}) has no bf16 matrix "
                            f"instructions (those start at {', '.join(ROCM_BF16_ARCHS)}); "
                            "torch.cuda.is_bf16_supported() says True on every ROCm GPU",)
         major, minor = torch.cuda.get_device_capability(device)
-        return False, (f"bf16 not offered: this GPU (compute capability {major}.{minor}) has no "
+        return False, (f"{BF16_NOT_OFFERED}: this GPU (compute capability {major}.{minor}) has no "
                        "native bf16 (torch counts it from 8.0, Ampere); "
                        "torch.cuda.is_bf16_supported() without including_emulation=False also "
                        "counts emulated bf16, which runs but slowly",)
     if device.type == "xpu":
         native = _xpu_bf16_native()
-        return native, (() if native else ("bf16 not offered: this Intel GPU reports no bf16 "
+        return native, (() if native else (f"{BF16_NOT_OFFERED}: this Intel GPU reports no bf16 "
                                            "conversions (has_bfloat16_conversions)",))
     if device.type == "mps" and torch.bfloat16 in _supported_amp_dtypes(device):
         return None, ("bf16 on MPS: Metal runs it on every Apple GPU, natively on some chips and "
@@ -399,16 +402,22 @@ def tf32_state() -> dict[str, bool]:
             "matmuls": torch.backends.cuda.matmul.allow_tf32}
 
 
-def fp32_baseline(info: DeviceInfo) -> str:
-    """Name the fp32 baseline honestly: on Ampere+ NVIDIA GPUs cuDNN uses TF32 for convolutions
-    unless switched off (``set_strict_fp32``).
+def tf32_in_use(info: DeviceInfo) -> list[str]:
+    """What runs its fp32 in TF32 on this device now ("convolutions", "matmuls"): on Ampere and
+    newer NVIDIA GPUs cuDNN's convolutions do unless switched off (``set_strict_fp32``); nothing
+    elsewhere. TF32 keeps 10 of fp32's 23 mantissa bits, so "agrees to fp32 rounding" does not hold.
     """
+    if info.type != "cuda" or info.is_rocm:
+        return []
+    major, _ = torch.cuda.get_device_capability(info.device)
+    return [what for what, on in tf32_state().items() if on and major >= 8]
+
+
+def fp32_baseline(info: DeviceInfo) -> str:
+    """Name the fp32 baseline honestly: "fp32 (TF32 convolutions)" where ``tf32_in_use``."""
     if info.type == "cuda" and not info.is_rocm:
-        major, _ = torch.cuda.get_device_capability(info.device)
-        parts = [what for what, on in tf32_state().items() if on and major >= 8]
-        if parts:
-            return f"fp32 (TF32 {' and '.join(parts)})"
-        return "fp32 (strict, TF32 off)"
+        parts = tf32_in_use(info)
+        return f"fp32 (TF32 {' and '.join(parts)})" if parts else "fp32 (strict, TF32 off)"
     return "fp32"
 
 

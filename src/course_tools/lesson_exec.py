@@ -176,12 +176,20 @@ class _Peak:
     def read(self) -> dict[str, int] | None:
         return None if self._peak is None else self._peak.read()
 
+    @staticmethod
+    def gpu_started() -> bool:
+        """Whether this process started a GPU runtime (lesson 11's DDP runs in CPU children)."""
+        import torch
+
+        return torch.cuda.is_initialized() or (hasattr(torch, "xpu") and torch.xpu.is_initialized())
+
 
 def run_lesson(path: Path, result_path: Path, solutions: Path | None = None) -> dict[str, Any]:
     """Run every code cell of the lesson at ``path``; write and return the result."""
     started = time.perf_counter()
     result: dict[str, Any] = {"lesson": path.stem, "cells": [], "first_error": None,
-                              "finished": False, "seconds": 0.0, "max_memory_allocated": None}
+                              "finished": False, "seconds": 0.0, "max_memory_allocated": None,
+                              "gpu_started": False}
 
     def write() -> None:
         result["seconds"] = round(time.perf_counter() - started, 3)
@@ -238,6 +246,7 @@ def run_lesson(path: Path, result_path: Path, solutions: Path | None = None) -> 
         _close_figures()
         try:
             result["max_memory_allocated"] = peak.read()
+            result["gpu_started"] = peak.gpu_started()
         except Exception as error:  # noqa: BLE001
             result["peak_error"] = first_error_line(error)
         write()

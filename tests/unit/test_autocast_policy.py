@@ -379,3 +379,28 @@ def test_trace_dtypes_tags_each_op_with_where_it_ran_and_times_it_when_asked():
     assert all(op.seconds > 0 for op in ops)
     label[0] = "first"
     assert all(op.seconds == 0.0 and op.where == "" for op in trace_dtypes(two_parts))
+
+
+def test_fake_xpu_tensors_leave_a_present_cuda_gpu_alone(monkeypatch):
+    """torch 2.9 and 2.11 start the runtime of any fake cuda/xpu tensor whenever a GPU is present
+    (this is their ``init_gpu_context``), so on an H100 the first fake XPU tensor raised "Torch not
+    compiled with XPU enabled". Reproduced here with that rule and a CUDA GPU said to be present."""
+    from torch._subclasses import fake_tensor
+
+    started = []
+
+    @cache
+    def gpu_context_of_torch_2_11(device: torch.device) -> None:
+        if torch.cuda.is_available() or torch.xpu.is_available():
+            started.append(device.type)
+            torch.empty(1, device=device)  # the real runtime: raises for xpu in a CUDA build
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(fake_tensor, "init_gpu_context", gpu_context_of_torch_2_11)
+    with policy.fake_tensors():
+        assert torch.empty(2, device="xpu").device.type == "xpu"
+    assert started == []  # the xpu runtime was never asked
+    assert fake_tensor.init_gpu_context is gpu_context_of_torch_2_11  # put back on leaving
+    with pytest.raises((AssertionError, RuntimeError)), fake_tensor.FakeTensorMode():
+        torch.empty(2, device="xpu")  # without the course's guard: torch 2.11's failure
+    assert started == ["xpu"]

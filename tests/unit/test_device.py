@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from amp_tutorial.device import (
+    BF16_NOT_OFFERED,
     DEVICE_ENV,
     DTYPE_ENV,
     ONEDNN_ISA_CAPS,
@@ -120,7 +121,8 @@ def test_gpu_offers_bf16_only_where_native():
               if "including_emulation" in inspect.signature(torch.cuda.is_bf16_supported).parameters
               else torch.cuda.get_device_capability()[0] >= 8)
     assert (torch.bfloat16 in info.amp_dtypes) is native
-    assert bool(info.notes) is not native  # a GPU without native bf16 says why
+    says_why = any(note.startswith(BF16_NOT_OFFERED) for note in info.notes)
+    assert says_why is not native  # a GPU without native bf16 says why (and only that one)
 
 
 @pytest.fixture
@@ -238,3 +240,18 @@ def test_onednn_bf16_follows_the_cpu_flags():
     else:  # an AVX2-only CPU: bf16 matmuls take ATen's fallback, and the device notes say so
         assert onednn_bf16() is False
         assert "oneDNN bf16 kernels: no" in describe_device(select_device("cpu"))
+
+
+def test_a_gpu_without_native_bf16_says_why_in_a_note_of_its_own(monkeypatch):
+    """The probe ``device-cuda-bf16`` looks for this note among all the device's notes (the host
+    memory note is there on every device: counting notes failed on an H100)."""
+    from amp_tutorial import device as device_module
+
+    monkeypatch.setattr(device_module, "_cuda_bf16_native", lambda device: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.version, "hip", None)
+    native, notes = device_module._bf16_support(torch.device("cuda"))
+    assert native is False and len(notes) == 1
+    assert notes[0].startswith(BF16_NOT_OFFERED) and "compute capability 7.5" in notes[0]
+    monkeypatch.setattr(device_module, "_cuda_bf16_native", lambda device: True)
+    assert device_module._bf16_support(torch.device("cuda")) == (True, ())

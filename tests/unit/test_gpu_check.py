@@ -27,6 +27,7 @@ from course_tools.gpu_check import (
     combine,
     decide_rows,
     find_lessons,
+    peaks_outcome,
     register_ids,
 )
 
@@ -151,6 +152,24 @@ def test_a_row_follows_its_cell_when_the_lesson_failed_elsewhere() -> None:
     assert rows["02-bitwise"]["status"] == PASSED and rows["02-bitwise"]["decides"]
     assert rows["02-scaler"]["status"] == "failed"
     assert rows["16-fp8"]["status"] == NOT_REACHED  # lesson 16 did not run
+
+
+def test_a_lesson_without_a_peak_fails_the_row_only_if_it_used_the_gpu() -> None:
+    """Lesson 11 trains DDP in CPU child processes: on the H100 its process never started CUDA
+    and had no peak, which is right; a lesson that started CUDA and has no peak is the bug."""
+    def ran(name: str, peak: dict | None, started: bool) -> dict:
+        return {"lesson": name, "status": PASSED, "cells": [{}], "gpu_started": started,
+                "max_memory_allocated": peak}
+
+    gpu = ran("03_amp_training", {"cuda:0": 2 << 30}, True)
+    ddp = ran("11_amp_ddp", {}, False)
+    assert peaks_outcome([gpu, ddp], on_cuda=True) == (
+        PASSED, "1 lessons with a peak; no GPU in the process of 11_amp_ddp")
+    lost = ran("12_amp_transformer", {}, True)
+    assert peaks_outcome([gpu, ddp, lost], on_cuda=True)[0] == "failed"
+    assert "12_amp_transformer" in peaks_outcome([gpu, lost], on_cuda=True)[1]
+    assert peaks_outcome([ddp], on_cuda=False) == (PASSED, "1 lessons, null on a CPU")
+    assert peaks_outcome([gpu], on_cuda=False)[0] == "failed"
 
 
 def test_combine_reports_a_failure_before_what_was_not_reached() -> None:

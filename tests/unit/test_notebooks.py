@@ -62,3 +62,20 @@ def test_lessons_keep_to_the_size_rules(path):
         if cell.cell_type == "code":
             lines = len(cell.source.strip("\n").splitlines())
             assert lines <= MAX_CELL_LINES, f"{path.name}: cell {index} has {lines} lines"
+
+
+@pytest.mark.parametrize("path", [*lesson_paths(), NOTEBOOKS / "_template.py"],
+                         ids=lambda p: p.stem)
+def test_no_cell_shows_a_stray_generator(path):
+    """``torch.manual_seed`` returns the generator: as a cell's last line Jupyter shows
+    ``<torch._C.Generator at 0x...>`` under it (seven lessons did, seen in the H100 run's logs)."""
+    import ast
+
+    for index, cell in enumerate(jupytext.read(path).cells):
+        if cell.cell_type != "code" or cell.source.lstrip().startswith(("%", "!")):
+            continue
+        body = ast.parse(cell.source).body
+        last = body[-1] if body else None
+        shown = isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)
+        assert not (shown and ast.unparse(last.value.func).endswith("manual_seed")), (
+            f"{path.name}: cell {index} ends with {ast.unparse(last)}; seed before the prints")
