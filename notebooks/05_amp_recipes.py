@@ -202,10 +202,9 @@ for use_amp in (False, True):
     assert diff < (2e-2 if use_amp else fp32_tolerance)
 
 # %% [markdown]
-# In fp32 the two gradients agree to rounding error; under AMP they agree to the precision of the
-# low-precision arithmetic, which is what AMP changes anyway. On an Ampere or newer NVIDIA GPU
-# "fp32" convolutions run in TF32 unless you switch it off (lesson 03), and the fp32 pair agrees
-# to TF32's rounding instead (1.3e-4 on an H100 with torch 2.11, at `paper`).
+# In fp32 the two gradients agree to rounding error (TF32's where "fp32" convolutions run in TF32,
+# lesson 03: 1.3e-4 on an H100); under AMP they agree to the precision of the low-precision
+# arithmetic, which is what AMP changes anyway.
 #
 # ### Exercise: write the accumulation loop
 #

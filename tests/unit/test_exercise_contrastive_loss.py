@@ -30,6 +30,7 @@ from amp_tutorial.autocast_policy import (
 from amp_tutorial.exercises import checking
 from amp_tutorial.exercises import contrastive_loss as exercise
 from amp_tutorial.exercises.contrastive_loss import check_contrastive_loss
+from amp_tutorial.exercises.training_spy import simulated_name
 from tests.support import SOLUTIONS
 from tests.support.exercises import problem_keys
 
@@ -203,7 +204,7 @@ def test_a_device_agnostic_mistake_shows_only_on_simulated_cuda() -> None:
     result = check_contrastive_loss(decorator_for_cpu_only)
     (problem,) = result.problems
     assert problem.message.startswith(
-        f"[{', '.join(map(exercise.simulated, exercise.SIMULATED_DEVICE_TYPES))}]")
+        f"[{', '.join(map(simulated_name, exercise.SIMULATED_DEVICE_TYPES))}]")
     assert 'device_type "cpu"' in problem.message and '"cuda"' in problem.message
 
 

@@ -31,7 +31,8 @@ reference_solution = runpy.run_path(str(SOLUTION))["masked_attention"]
 def attention(
     *,
     scores: str = "fp32",  # "fp32" (autocast off, float32), "scale q first" (input dtype),
-    # "scale after" (input dtype) or "float() in autocast" (.float(), autocast left on)
+    # "scale after" (input dtype), "float() in autocast" (.float(), autocast left on) or
+    # "fp32, cpu only" (autocast off for "cpu" whatever the inputs' device)
     scale: bool = True,
     fill: str = "-inf",  # "-inf", "finfo" (of the scores' dtype), "-1e9", "finfo32" or
     # "where -1e9" (torch.where(mask, scores, -1e9))
@@ -45,11 +46,11 @@ def attention(
     """A ``masked_attention`` built from the options; the defaults make a right one."""
     def masked_attention(q, k, v, mask):
         keep = ~mask if invert else mask
-        in_fp32 = (lambda: torch.autocast(q.device.type, enabled=False)) if scores == "fp32" \
-            else nullcontext
+        off_for = {"fp32": q.device.type, "fp32, cpu only": "cpu"}.get(scores)
+        in_fp32 = (lambda: torch.autocast(off_for, enabled=False)) if off_for else nullcontext
         s = q.shape[-1] ** -0.5 if scale else 1.0
         with in_fp32():
-            if scores == "fp32":
+            if off_for:
                 w = q.float() @ k.float().transpose(-2, -1) * s
             elif scores == "scale q first":
                 w = (q * s) @ k.transpose(-2, -1)
@@ -84,7 +85,7 @@ def attention(
                 w = w.nan_to_num(0.0)
             if returns == "weights":
                 return w
-            out = w @ (v.float() if scores in ("fp32", "float() in autocast") else v)
+            out = w @ (v.float() if off_for or scores == "float() in autocast" else v)
         if returns == "transposed":
             out = out.transpose(1, 2)
         return {"v": out.to(v.dtype), "keep": out, "half": out.half()}[out_dtype]
@@ -155,6 +156,8 @@ MISTAKES = [
      exercise.SOFTMAX_OVERFLOWS, False),
     ("softmax by hand in float32", attention(softmax="naive fp32"),
      exercise.SOFTMAX_OVERFLOWS, False),
+    ("float32 scores with autocast off for the CPU only", attention(scores="fp32, cpu only"),
+     exercise.OTHER_DEVICE, False),
     ("no 1/sqrt(d) scale", attention(scale=False), exercise.MISSING_SCALE, False),
     ("mask inverted", attention(invert=True), exercise.MASK_INVERTED, False),
     ("float32 returned for float16", attention(out_dtype="keep"), exercise.WRONG_DTYPE, False),
@@ -199,6 +202,9 @@ def test_messages_name_the_setting_and_the_fix() -> None:
     assert "[float16, float16 under autocast]" in text and "65504" in text
     text = str(check_masked_attention(WRONG[".float() inside autocast, scaled after"]))
     assert "[float16 under autocast]" in text and "enabled=False" in text
+    text = str(check_masked_attention(WRONG["float32 scores with autocast off for the CPU only"]))
+    assert "[simulated cuda (float16), simulated xpu (float16), simulated mps (float16)]" in text
+    assert 'device_type "cpu"' in text and "q.device.type" in text
     raised = str(check_masked_attention(WRONG["masked_fill(-1e9) on float16 scores"]))
     assert exercise.OVERFLOW_ERROR in raised  # torch's own words, quoted in the message too
 

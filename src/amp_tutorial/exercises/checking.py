@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from unittest import mock
 
 import torch
 from torch import nn
@@ -298,6 +299,24 @@ def _state_problems(name: str, before: _World, after: _World, lists: dict[str, l
             "refuses it.", "compute new tensors: x = x * s (not x *= s), x.masked_fill(...) "
             "(no trailing underscore), x.float() or x.clone() before changing a copy."))
     return found
+
+
+@contextlib.contextmanager
+def autocast_regions() -> Iterator[list[tuple[str, bool, str]]]:
+    """Every ``torch.autocast`` region the code inside enters, as (device type, enabled, class
+    name): the old ``torch.cuda.amp.autocast`` spellings enter through it too. The list fills as
+    the code runs."""
+    regions: list[tuple[str, bool, str]] = []
+    original = torch.amp.autocast_mode.autocast.__enter__
+
+    def enter(region):  # noqa: ANN001, ANN202
+        kind = type(region)
+        regions.append((region.device, bool(region._enabled),
+                        f"{kind.__module__}.{kind.__qualname__}"))
+        return original(region)
+
+    with mock.patch.object(torch.amp.autocast_mode.autocast, "__enter__", enter):
+        yield regions
 
 
 @contextlib.contextmanager

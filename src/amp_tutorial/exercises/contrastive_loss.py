@@ -21,7 +21,6 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -38,10 +37,12 @@ from amp_tutorial.exercises.checking import (
     Exercise,
     Problem,
     attempt,
+    autocast_regions,
     error_problem,
     left_behind,
     type_problem,
 )
+from amp_tutorial.exercises.training_spy import simulated_name
 
 # The problem: N_PAIRS (query, key) pairs of DIM features; small enough for about a second.
 N_PAIRS = 16
@@ -158,11 +159,6 @@ SCENARIOS = tuple(Scenario(f"{_dtype(dtype)}, {case.name}", dtype, case)
                   for dtype in LOW for case in CASES)
 
 
-def simulated(device_type: str) -> str:
-    """The name of the run on fake ``device_type`` tensors, for the report."""
-    return f"simulated {device_type} (float16)"
-
-
 # -- watching the learner's code run -----------------------------------------------------------
 @dataclass(frozen=True)
 class _Call:
@@ -241,16 +237,7 @@ class _Watch:
 
     @contextmanager
     def installed(self) -> Iterator[None]:
-        original = torch.amp.autocast_mode.autocast.__enter__
-
-        def enter(region):  # noqa: ANN001, ANN202
-            kind = type(region)
-            self.regions.append((region.device, bool(region._enabled),
-                                 f"{kind.__module__}.{kind.__qualname__}"))
-            return original(region)
-
-        with mock.patch.object(torch.amp.autocast_mode.autocast, "__enter__", enter), \
-                self.calls, self.kernels:
+        with autocast_regions() as self.regions, self.calls, self.kernels:
             yield
 
     def cause(self) -> tuple[str, _LowKernel] | None:
@@ -548,7 +535,7 @@ def check_contrastive_loss(fn: LossFn) -> CheckResult:
             return EXERCISE.report(found)  # one endless loop is enough: do not wait again
     for device_type in SIMULATED_DEVICE_TYPES:
         problems, run = _run_simulated(fn, device_type)
-        found.append((simulated(device_type), problems))
+        found.append((simulated_name(device_type), problems))
         if run is not None and not any(problems for _, problems in found):
             if crashed := error_problem(run, f"contrastive_loss on fake {device_type} tensors "
                                         "(shapes and dtypes only, the checker's stand-in for "
@@ -557,5 +544,5 @@ def check_contrastive_loss(fn: LossFn) -> CheckResult:
                     crashed = Problem(RAISED, f"{crashed.message} Make every tensor you create "
                                       "on the inputs' device: `torch.arange(len(queries), "
                                       "device=queries.device)`.")
-                found.append((simulated(device_type), [crashed]))
+                found.append((simulated_name(device_type), [crashed]))
     return EXERCISE.report(found)

@@ -7,6 +7,8 @@ beyond float16's range before scaling) in three settings: float16 tensors, float
 CPU float16 autocast, and float32 tensors. It compares every result with attention computed in
 float64 and names the mistake from where and how it went wrong, without reading the source. The
 inputs must be unchanged after every call, and a ``q`` that requires grad (training) must work.
+Last, a run on fake CUDA, XPU and MPS tensors under their float16 autocast shows a float32 region
+switched off for one device type only (``torch.autocast("cpu", enabled=False)``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from amp_tutorial.autocast_policy import autocast_flags, fake_tensors
 from amp_tutorial.exercises.checking import (
     INPUT_CHANGED,
     Attempt,
@@ -25,10 +29,12 @@ from amp_tutorial.exercises.checking import (
     Exercise,
     Problem,
     attempt,
+    autocast_regions,
     error_problem,
     left_behind,
     type_problem,
 )
+from amp_tutorial.exercises.training_spy import SIMULATED_DEVICE_TYPES, simulated_name
 
 # The problem: (batch, heads, seq, head_dim), small enough to check in well under a second.
 BATCH, HEADS, SEQ, HEAD_DIM = 2, 2, 12, 64
@@ -64,6 +70,7 @@ WRONG_SHAPE = "wrong-output-shape"
 NOT_LIKE_REFERENCE = "not-like-reference"
 LOW_PRECISION_MATH = "computed-in-lower-precision"
 WRONG_AXIS = "fully-masked-test-wrong-axis"
+OTHER_DEVICE = "autocast-off-for-another-device"
 __all__ = ["check_masked_attention", "make_cases",
            "reference_attention"]
 PRAISE = ("All checks passed: float16 tensors, float16 under CPU autocast and float32 agree with "
@@ -267,6 +274,64 @@ def _grad_problems(fn: AttentionFn) -> list[Problem]:
     return [p for p in (error_problem(run, "masked_attention"),) if p is not None]
 
 
+# -- other devices: a float32 region switched off for the wrong device type --------------------
+_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
+            torch.ops.aten.baddbmm.default}
+
+
+class _CastDownForMatmul(TorchDispatchMode):
+    """Sees, below autocast, a float16 matmul after a float32 tensor was cast down to float16:
+    the cast autocast inserts for a float32 input of an op on its lower-precision list (views of
+    the cast tensor come between the two, so the order is what is checked, not the tensor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cast_down = False
+        self.seen = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        if (func is torch.ops.aten._to_copy.default and args[0].dtype == torch.float32
+                and kwargs.get("dtype") == torch.float16):
+            self.cast_down = True
+        elif func in _MATMULS and self.cast_down and any(
+                getattr(a, "dtype", None) == torch.float16 for a in args):
+            self.seen = True
+        return func(*args, **kwargs)
+
+
+def _simulated_problems(fn: AttentionFn, device_type: str) -> list[Problem]:
+    """``fn`` on fake float16 ``device_type`` tensors (shapes and dtypes, no values) under that
+    device's float16 autocast. ``torch.autocast("cpu", enabled=False)`` keeps the CPU runs right
+    and leaves every other device's autocast on, which casts the float32 scores' matmul back to
+    float16: named where that happened, also in a run that fake tensors could not finish (a
+    right answer may read values, ``mask.any().item()``; fake MPS has no ``masked_fill``).
+    """
+    watch = _CastDownForMatmul()
+    try:
+        with fake_tensors():
+            q, k, v = (torch.empty(BATCH, HEADS, SEQ, HEAD_DIM, dtype=torch.float16,
+                                   device=device_type) for _ in range(3))
+            mask = torch.ones(BATCH, HEADS, SEQ, SEQ, dtype=torch.bool, device=device_type)
+            with left_behind("masked_attention"), autocast_regions() as regions, \
+                    autocast_flags(device_type, torch.float16), watch:
+                attempt(fn, q, k, v, mask)
+    except RuntimeError:  # this torch build has no such fake tensors: nothing to judge
+        return []
+    off = {dev for dev, on, _ in regions if not on}
+    if device_type in off or not off or not watch.seen:  # fake MPS and XPU tensors may fail
+        return []  # later (masked_fill: "not linked with support"); the product was seen
+    named = ", ".join(f'"{dev}"' for dev in sorted(off))
+    return [Problem.named(
+        OTHER_DEVICE, f"You turned autocast off for device_type {named} only: on a GPU's "
+        "tensors (simulated here) that GPU's autocast stays on and casts your float32 q and k "
+        "back to float16 for the product, so the large input's scores (262144 before the "
+        "scale) overflow float16's 65504 there, as if you had never cast them.", "Autocast "
+        "keeps one switch per device type; a region for another type changes nothing on "
+        "this one, which is why the CPU runs passed.", "take the device type from the "
+        "inputs: `with torch.autocast(q.device.type, enabled=False):`.")]
+
+
 def _where(outcomes: list[Outcome]) -> str:
     return ", ".join(dict.fromkeys(f"{o.case.name}" for o in outcomes))
 
@@ -421,7 +486,8 @@ def check_masked_attention(fn: AttentionFn) -> CheckResult:
 
     ``fn`` must return attention of q, k and v (batch, heads, seq, head_dim) where ``mask`` (bool,
     True = may attend) allows, scaled by 1/sqrt(head_dim), in v's dtype, with zeros for fully
-    masked rows. Takes well under a second on a laptop CPU.
+    masked rows. Takes well under a second on a laptop CPU, after a few seconds the first time in
+    a process (fake tensors import ``torch._dynamo``, outside the learner's time limit).
     """
     outcomes: list[Outcome] = []
     for scenario in SCENARIOS:
@@ -453,4 +519,6 @@ def check_masked_attention(fn: AttentionFn) -> CheckResult:
     timed_out = any(o.run.timed_out for o in outcomes)
     named = [(s.name, problems) for s, problems in found.items()]
     grad = [] if timed_out else _grad_problems(fn)
-    return EXERCISE.report([*named, ("float32, q requires grad", grad)])
+    devices = [] if timed_out else [(simulated_name(d), _simulated_problems(fn, d))
+                                    for d in SIMULATED_DEVICE_TYPES]
+    return EXERCISE.report([*named, ("float32, q requires grad", grad), *devices])

@@ -311,6 +311,11 @@ def shared_problems(spy: TrainingSpy, max_grad_norm: float | None) -> list[Probl
 SIMULATED_DEVICE_TYPES = ("cuda", "xpu", "mps")
 
 
+def simulated_name(device_type: str) -> str:
+    """The name of a run on fake ``device_type`` tensors, for the report."""
+    return f"simulated {device_type} (float16)"
+
+
 class FirstForward(Exception):  # noqa: N818 - a signal, not an error
     """Raised at the first training forward pass of a simulated run: all it needs is seen."""
 
@@ -401,7 +406,7 @@ def check_on_devices(exercise: Exercise, scenarios: Iterable[S],
             return exercise.report(found)
     named = {p.key for _, problems in found for p in problems}
     for device_type in SIMULATED_DEVICE_TYPES:
-        found.append((f"simulated {device_type} (float16)",
+        found.append((simulated_name(device_type),
                       [p for p in simulated_of(device_type)
                        if not named & _EXPLAINED_BY.get(p.key, set())]))
     return exercise.report(found)
