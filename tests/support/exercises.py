@@ -77,4 +77,8 @@ def spy_mistakes(solution: Path, name: str, clip_indent: int) -> list[tuple]:
          training_spy.AUTOCAST_OTHER_DEVICE, False),
         ("bfloat16 on devices other than cpu and cuda", variant(solution, name, by_device),
          training_spy.DTYPE_BY_DEVICE, False),
+        # one verdict in every checker: accumulation called this "ran without autocast"
+        ("autocast dtype hard-coded to bfloat16",
+         variant(solution, name, ("dtype=amp_dtype)", "dtype=torch.bfloat16)")),
+         training_spy.WRONG_AUTOCAST_DTYPE, False),
     ]

@@ -43,7 +43,6 @@ def amp_loop(
     scaler: str = "fp16",  # "fp16" (enabled for float16), "off", "always" or "none for bf16"
     enabled_toggles: bool = False,  # pass enabled= to autocast, as code with a use_amp flag does
     autocast: Callable[..., AbstractContextManager] = torch.autocast,
-    autocast_dtype: torch.dtype | None = None,  # None: amp_dtype
     scaler_per: str = "run",  # create the scaler once per "run", per "epoch" or per "step"
     zero_grad: str = "each step",  # "each step" (before forward), "after step", "once",
     # "after backward" (right after it, before unscale_) or "before step" (after clipping)
@@ -100,10 +99,9 @@ def amp_loop(
         def amp(on: bool) -> AbstractContextManager:
             if not on:
                 return nullcontext()
-            dtype = autocast_dtype or amp_dtype
             if enabled_toggles:
-                return autocast(device_type, dtype=dtype, enabled=True)
-            return autocast(device_type=device_type, dtype=dtype)
+                return autocast(device_type, dtype=amp_dtype, enabled=True)
+            return autocast(device_type=device_type, dtype=amp_dtype)
 
         losses, scaled_losses = [], []
         if zero_grad == "once":
@@ -202,8 +200,6 @@ MISTAKES = [
      False),
     ("forward not autocast", amp_loop(forward_in_autocast=False), exercise.FORWARD_NOT_AUTOCAST,
      False),
-    ("autocast dtype hard-coded", amp_loop(autocast_dtype=torch.bfloat16),
-     exercise.WRONG_AUTOCAST_DTYPE, False),
     ("backward in autocast", amp_loop(backward_in_autocast=True),
      training_spy.BACKWARD_IN_AUTOCAST, False),
     *spy_mistakes(SOLUTION, "train_with_amp", 16),

@@ -40,6 +40,7 @@ from amp_tutorial.exercises.training_spy import (
     NO_SCALER_UPDATE,
     NOT_CLIPPED,
     OVER_CLIPPED,
+    WRONG_AUTOCAST_DTYPE,
     TrainingSpy,
     check_on_devices,
     shared_problems,
@@ -255,6 +256,10 @@ RULES = [
     ("forward_no_autocast", FORWARD_NOT_AUTOCAST, "A forward pass ran without autocast ({n}).",
      "The micro-batches then train in fp32, not in mixed precision.", "run each micro-batch's "
      "forward and loss inside `with torch.autocast(device_type=device_type, dtype=amp_dtype):`."),
+    ("forward_wrong_dtype", WRONG_AUTOCAST_DTYPE, "Autocast ran in {dtypes}, not the "
+     "amp_dtype given, {amp_dtype} ({n}).", "The caller picked amp_dtype for the device: "
+     "float16 with a GradScaler where there is no fast bfloat16, bfloat16 where there is.",
+     "pass it on: `torch.autocast(device_type=device_type, dtype=amp_dtype)`."),
     ("other_scaler", SCALER_REPLACED, "scale() was called on a GradScaler other than the "
      "`scaler` argument ({n}).", "A new GradScaler starts again at its init_scale (65536 unless "
      "you pass another) with its growth count at 0, so the scale the run has learnt is lost, and "
@@ -319,13 +324,14 @@ RULES = [
 def _process_problems(spy: AccumulationSpy, run: Attempt) -> list[Problem]:
     """Mistakes in the order of the calls, from what the spy counted."""
     c, k, found = spy.count, ACCUMULATION, []
-    c["forward_no_autocast"] += c["forward_wrong_dtype"]  # autocast in another dtype: the same
     expected = group_sizes(N_MICRO, k)
     sizes = f"{spy.sizes} micro-batches per step where the contract asks for {expected}"
     for count, key, what, why, fix in RULES:
         if c[count]:
-            found.append(Problem.named(key, what.format(n=times(c[count]), sizes=sizes,
-                                                        clipped=spy.clipped_to), why, fix))
+            found.append(Problem.named(key, what.format(
+                n=times(c[count]), sizes=sizes, clipped=spy.clipped_to,
+                dtypes=", ".join(map(str, sorted(spy.wrong_dtypes, key=str))),
+                amp_dtype=spy.scenario.amp_dtype), why, fix))
     found += shared_problems(spy, spy.scenario.max_grad_norm) + spy.left
     if run.error is None and not found and spy.sizes != expected:
         if spy.sizes == expected[:-1] and N_MICRO % k:
