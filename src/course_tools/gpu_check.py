@@ -110,6 +110,7 @@ ROW_CHECKS: dict[str, Check] = {
     "12-mps-linear": Check(needs="MPS"),
     "12-fp32-list": Check(("12",)),
     "13-flash": Check(("13",)),
+    "13-masked-attention": Check(("13",)),
     "12-13-math-fallback": Check(needs="MPS, ROCm without AOTriton or XPU"),
     "12-allocator-peak": Check(("12",)),
     "14-inductor": Check(("14",)),
