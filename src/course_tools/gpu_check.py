@@ -251,7 +251,7 @@ class Run:
             "environment": {}, "parts": {},
             "probes": {},
             "lessons": [{"lesson": p.stem, "status": NOT_REACHED, "detail": "not started",
-                         "seconds": None, "max_memory_allocated": None,
+                         "seconds": None, "max_memory_allocated": None, "gpu_started": None,
                          "header_memory_mib": header_figures(MEMORY, p.read_text()).get(
                              "paper")} for p in self.lessons],
             "bench": [{"name": bench_name(model, strict), "model": model, "strict_fp32": strict,
@@ -356,6 +356,7 @@ class Run:
                                                 or f"exit status {code}, no result"))
             return
         entry["max_memory_allocated"] = result.get("max_memory_allocated")
+        entry["gpu_started"] = result.get("gpu_started")  # peaks_outcome needs both
         entry["cpu_s"] = result.get("cpu_s")
         entry["cells"] = result["cells"]
         counts = {s: sum(c["status"] == s for c in result["cells"])
@@ -550,9 +551,9 @@ def peaks_outcome(lessons: list[dict[str, Any]], on_cuda: bool) -> tuple[str, st
             return FAILED, "a peak was recorded on a CPU"
         return PASSED, f"{len(ran)} lessons, null on a CPU"
     # a lesson may keep the GPU out of its own process (11 trains DDP in CPU children): no peak
-    # is right there, and wrong wherever the lesson's process started the GPU's runtime
+    # is right only where the runner saw that the process never started the GPU's runtime
     missed = [e["lesson"] for e in ran
-              if e.get("gpu_started") and not e.get("max_memory_allocated")]
+              if e.get("gpu_started") is not False and not e.get("max_memory_allocated")]
     if missed:
         return FAILED, f"no max_memory_allocated from {', '.join(missed)}, which used the GPU"
     return PASSED, (f"{len(ran) - len(without)} lessons with a peak"

@@ -67,6 +67,8 @@ def test_every_lesson_and_bench_run_has_a_verdict(cpu_run: tuple[dict, Path, str
     for entry in verdict["lessons"]:
         assert entry["status"] == PASSED and entry["cells_passed"] == entry["cells_total"] > 5
         assert entry["max_memory_allocated"] is None  # a CPU has no allocator statistics
+        assert entry["gpu_started"] is False  # the runner's record reaches the verdict (the H100
+        # run of 2026-11-26 had None here, so its peak row could not have failed)
         assert (out / entry["log"]).is_file()
     assert [(e["model"], e["strict_fp32"]) for e in verdict["bench"]] == list(BENCH_RUNS)
     for entry in verdict["bench"]:
@@ -157,7 +159,7 @@ def test_a_row_follows_its_cell_when_the_lesson_failed_elsewhere() -> None:
 def test_a_lesson_without_a_peak_fails_the_row_only_if_it_used_the_gpu() -> None:
     """Lesson 11 trains DDP in CPU child processes: on the H100 its process never started CUDA
     and had no peak, which is right; a lesson that started CUDA and has no peak is the bug."""
-    def ran(name: str, peak: dict | None, started: bool) -> dict:
+    def ran(name: str, peak: dict | None, started: bool | None) -> dict:
         return {"lesson": name, "status": PASSED, "cells": [{}], "gpu_started": started,
                 "max_memory_allocated": peak}
 
@@ -168,6 +170,8 @@ def test_a_lesson_without_a_peak_fails_the_row_only_if_it_used_the_gpu() -> None
     lost = ran("12_amp_transformer", {}, True)
     assert peaks_outcome([gpu, ddp, lost], on_cuda=True)[0] == "failed"
     assert "12_amp_transformer" in peaks_outcome([gpu, lost], on_cuda=True)[1]
+    unknown = ran("11_amp_ddp", {}, started=None)  # not recorded: no excuse for a missing peak
+    assert peaks_outcome([gpu, unknown], on_cuda=True)[0] == "failed"
     assert peaks_outcome([ddp], on_cuda=False) == (PASSED, "1 lessons, null on a CPU")
     assert peaks_outcome([gpu], on_cuda=False)[0] == "failed"
 

@@ -305,7 +305,8 @@ def _simulated_problems(fn: AttentionFn, device_type: str) -> list[Problem]:
     device's float16 autocast. ``torch.autocast("cpu", enabled=False)`` keeps the CPU runs right
     and leaves every other device's autocast on, which casts the float32 scores' matmul back to
     float16: named where that happened, also in a run that fake tensors could not finish (a
-    right answer may read values, ``mask.any().item()``; fake MPS has no ``masked_fill``).
+    right answer may read values, ``mask.any().item()``; on a Linux build fake MPS and XPU
+    tensors stop at ``masked_fill``, "not linked with support").
     """
     watch = _CastDownForMatmul()
     try:
