@@ -5,7 +5,7 @@
 #       cpu: 846
 #       paper: 6741
 #     minutes:
-#       cpu: 0.3
+#       cpu: 0.2
 #       small: 0.2
 #       smoke: 0.2
 #     needs: any device, CPU included; fp16 gradients are measured on the GPU where

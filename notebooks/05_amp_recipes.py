@@ -5,8 +5,8 @@
 #       cpu: 75
 #       paper: 158
 #     minutes:
-#       cpu: 0.4
-#       small: 1.1
+#       cpu: 0.3
+#       small: 1.0
 #       smoke: 0.2
 #     needs: any device, CPU included
 #   jupytext:

@@ -5,7 +5,7 @@
 #       cpu: 67
 #       paper: 522
 #     minutes:
-#       cpu: 0.3
+#       cpu: 0.2
 #       small: 0.3
 #       smoke: 0.2
 #     needs: any device, CPU included

@@ -5,7 +5,7 @@
 #       cpu: 359
 #       paper: 2844
 #     minutes:
-#       cpu: 0.6
+#       cpu: 0.5
 #       small: 0.2
 #       smoke: 0.2
 #     needs: any device, CPU included; the old `torch.cuda.amp` spellings work only

@@ -5,7 +5,7 @@
 #       cpu: 146
 #       paper: 1030
 #     minutes:
-#       cpu: 0.3
+#       cpu: 0.2
 #       small: 0.2
 #       smoke: 0.2
 #     needs: any device, CPU included

@@ -6,7 +6,7 @@
 #       paper: 16
 #     minutes:
 #       cpu: 0.2
-#       small: 0.2
+#       small: 0.1
 #       smoke: 0.2
 #     needs: any device, CPU included
 #   jupytext:

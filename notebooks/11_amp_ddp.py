@@ -5,7 +5,7 @@
 #       cpu: 1
 #       paper: 1
 #     minutes:
-#       cpu: 0.3
+#       cpu: 0.2
 #       small: 0.2
 #       smoke: 0.3
 #     needs: any device, CPU included; it always runs 2 CPU processes (Gloo); the multi-GPU

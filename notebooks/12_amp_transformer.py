@@ -6,7 +6,7 @@
 #       paper: 3463
 #     minutes:
 #       cpu: 0.8
-#       small: 0.5
+#       small: 0.4
 #       smoke: 0.3
 #     needs: any device, CPU included; CUDA's float32 list on an NVIDIA GPU
 #   jupytext:

@@ -5,7 +5,7 @@
 #       cpu: 258
 #       paper: 3464
 #     minutes:
-#       cpu: 2.0
+#       cpu: 2.1
 #       small: 1.2
 #       smoke: 0.3
 #     needs: any device, CPU included; torch.compile on a CPU needs a C++ compiler

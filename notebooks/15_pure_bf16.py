@@ -5,8 +5,8 @@
 #       cpu: 163
 #       paper: 1162
 #     minutes:
-#       cpu: 0.4
-#       small: 0.6
+#       cpu: 0.5
+#       small: 0.7
 #       smoke: 0.2
 #     needs: any device, CPU included
 #   jupytext:

@@ -5,8 +5,8 @@
 #       cpu: 2
 #       paper: 5
 #     minutes:
-#       cpu: 0.5
-#       small: 0.6
+#       cpu: 0.2
+#       small: 0.2
 #       smoke: 0.6
 #     needs: 'any device, CPU included (FP8 training runs everywhere with torchao, on
 #       a CPU at smoke sizes); fast FP8 training: NVIDIA compute capability 8.9+, AMD

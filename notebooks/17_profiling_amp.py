@@ -5,7 +5,7 @@
 #       cpu: 323
 #       paper: 3517
 #     minutes:
-#       cpu: 0.3
+#       cpu: 0.2
 #       small: 0.2
 #       smoke: 0.2
 #     needs: 'any device, CPU included; memory snapshot: a CUDA or ROCm GPU; TF32 baseline:

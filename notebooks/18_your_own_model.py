@@ -5,6 +5,8 @@
 #       cpu: 571
 #       paper: 7004
 #     minutes:
+#       cpu: 0.4
+#       small: 0.3
 #       smoke: 0.3
 #     needs: 'any device, CPU included; TF32 advice: NVIDIA compute capability 8.0+'
 #   jupytext:
