@@ -169,9 +169,8 @@ def accumulated_gradients(use_amp: bool, n_micro: int) -> list[torch.Tensor]:
     """One optimizer step from ``n_micro`` micro-batches; returns the unscaled gradients."""
     model = model_without_batchnorm()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    # init_scale: the default 2**16 overflows fp16 on this first step at the paper size (the
-    # scaled gradients pass 65504, so step() would skip it, as lesson 02 shows); a smaller start
-    # leaves a gradient to compare. A long run finds such a scale by itself.
+    # init_scale: the default 2**16 overflows fp16 on this first step at the paper size (scaled
+    # gradients past 65504: step() would skip it, lesson 02); a smaller start leaves one to compare.
     scaler = torch.amp.GradScaler(info.type, init_scale=2.0**10,
                                   enabled=use_amp and info.needs_grad_scaler(amp_dtype))
     optimizer.zero_grad(set_to_none=True)
@@ -202,9 +201,8 @@ for use_amp in (False, True):
     assert diff < (2e-2 if use_amp else fp32_tolerance)
 
 # %% [markdown]
-# In fp32 the two gradients agree to rounding error (TF32's where "fp32" convolutions run in TF32,
-# lesson 03: 1.3e-4 on an H100); under AMP they agree to the precision of the low-precision
-# arithmetic, which is what AMP changes anyway.
+# In fp32 the two agree to rounding error (TF32's where convolutions run in TF32, lesson 03: 1.3e-4
+# on an H100); under AMP to the precision of the low-precision arithmetic, as AMP changes anyway.
 #
 # ### Exercise: write the accumulation loop
 #
