@@ -6,17 +6,55 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from amp_tutorial.exercises import checking, training_spy
 from amp_tutorial.exercises.checking import RAISED, CheckResult
 
 
 def assert_names(result: CheckResult, key: str, also_raises: bool = False) -> None:
-    """The checker rejected the answer for ``key`` and nothing else (RAISED may come with it when
-    the mistake makes torch raise), each problem with a message."""
+    """The checker rejected the answer for ``key`` and nothing else (and RAISED beside it when
+    ``also_raises``: the mistake makes torch raise), each problem with a message."""
     assert not result.passed
     expected = {key, RAISED} if also_raises else {key}
-    assert result.keys <= expected and key in result.keys, str(result)
+    assert result.keys == expected, str(result)
     assert all(p.message for p in result.problems)
+
+
+def checker_tests(check: Callable[[object], CheckResult], mistakes: list[tuple],
+                  keys: set[str], correct: dict[str, object], praise: str) -> tuple:
+    """The three tests every checker's test module runs over its own tables, for the module to
+    bind to ``test_*`` names: ``mistakes`` rows ``(case, answer, key[, also raises])``, each
+    rejected for its key alone (with RAISED beside it where the mistake makes torch raise), in
+    plain words; every key the checker can name (``keys``, from ``problem_keys``) has a row, but
+    RAISED and TIMED_OUT, which ``test_exercise_checkers`` raises and loops in every checker; and
+    each ``correct`` answer passes with the checker's ``praise`` and nothing else."""
+    def case(row: tuple) -> object:
+        also_raises = row[3] if len(row) > 3 else False
+        return pytest.param(row[1], row[2], also_raises, id=row[0])
+
+    @pytest.mark.parametrize(("answer", "key", "also_raises"), [case(row) for row in mistakes])
+    def each_mistake_is_named(answer: object, key: str, also_raises: bool) -> None:
+        result = check(answer)
+        assert_names(result, key, also_raises)
+        assert "Traceback" not in str(result), str(result)
+
+    def every_problem_key_has_a_case() -> None:
+        covered = {row[2] for row in mistakes} | {checking.RAISED, checking.TIMED_OUT}
+        assert covered - set(checking.STATE_KEYS) == keys
+
+    @pytest.mark.parametrize("name", list(correct))
+    def correct_answers_pass(name: str) -> None:
+        result = check(correct[name])
+        assert result.passed, str(result)
+        assert str(result) == praise
+
+    return each_mistake_is_named, every_problem_key_has_a_case, correct_answers_pass
+
+
+def answers(mistakes: list[tuple]) -> dict[str, object]:
+    """A checker test's wrong answers by case name, for the tests that quote one."""
+    return {row[0]: row[1] for row in mistakes}
 
 
 def problem_keys(module: ModuleType, *not_keys: str) -> set[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import runpy
 from collections.abc import Callable
 
-import pytest
 import torch
 from torch import nn
 
@@ -18,7 +17,7 @@ from amp_tutorial.exercises import accumulation as exercise
 from amp_tutorial.exercises import checking, training_spy
 from amp_tutorial.exercises.accumulation import check_train_accumulated, group_sizes
 from tests.support import SOLUTIONS
-from tests.support.exercises import assert_names, problem_keys, spy_mistakes, variant
+from tests.support.exercises import answers, checker_tests, problem_keys, spy_mistakes, variant
 
 SOLUTION = SOLUTIONS / "train_accumulated.py"
 reference_solution = runpy.run_path(str(SOLUTION))["train_accumulated"]
@@ -191,21 +190,7 @@ MISTAKES = [
      training_spy.BACKWARD_IN_AUTOCAST, False),
     *spy_mistakes(SOLUTION, "train_accumulated", 12),
 ]
-WRONG = {name: fn for name, fn, _, _ in MISTAKES}
-
-
-@pytest.mark.parametrize(("fn", "key", "also_raises"),
-                         [pytest.param(*case[1:], id=case[0]) for case in MISTAKES])
-def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises: bool) -> None:
-    result = check_train_accumulated(fn)
-    assert_names(result, key, also_raises)
-
-
-def test_every_problem_key_has_a_case() -> None:
-    keys = problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE, exercise.LOSSES_FIX)
-    # RAISED and TIMED_OUT: the crash and endless-loop tests in test_exercise_checkers.py
-    covered = {key for _, _, key, _ in MISTAKES} | {checking.RAISED, checking.TIMED_OUT}
-    assert covered == keys
+WRONG = answers(MISTAKES)
 
 
 def test_torch_raises_what_the_messages_quote() -> None:
@@ -274,11 +259,11 @@ CORRECT = {
 }
 
 
-@pytest.mark.parametrize("name", list(CORRECT))
-def test_correct_variants_pass(name: str) -> None:
-    result = check_train_accumulated(CORRECT[name])
-    assert result.passed, str(result)
-    assert "All checks passed" in str(result)
+test_each_mistake_is_named, test_every_problem_key_has_a_case, test_correct_answers_pass = (
+    checker_tests(check_train_accumulated, MISTAKES,
+                  problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE,
+                               exercise.LOSSES_FIX),
+                  CORRECT, exercise.PRAISE))
 
 
 def test_the_contract_has_a_short_last_group() -> None:

@@ -31,7 +31,7 @@ from amp_tutorial.exercises.autocast_settings import (
     simulate,
 )
 from tests.support import SOLUTIONS
-from tests.support.exercises import problem_keys
+from tests.support.exercises import answers, checker_tests, problem_keys
 
 reference_solution = runpy.run_path(str(SOLUTIONS / "autocast_settings.py"))["autocast_settings"]
 FP16, BF16 = torch.float16, torch.bfloat16
@@ -123,22 +123,7 @@ MISTAKES = [
     ("a dict", settings(pack=as_dict), checking.WRONG_RETURN),
     ("returns None", settings(pack=lambda t, dtype, s: None), checking.WRONG_RETURN),
 ]
-WRONG = {name: fn for name, fn, _ in MISTAKES}
-
-
-@pytest.mark.parametrize(("fn", "key"), [pytest.param(*case[1:], id=case[0]) for case in MISTAKES])
-def test_each_mistake_is_named(fn: Callable[[torch.device], object], key: str) -> None:
-    result = check_autocast_settings(fn)
-    assert not result.passed
-    assert result.keys == {key}, str(result)
-    assert all(p.message for p in result.problems) and "Traceback" not in str(result)
-
-
-def test_every_problem_key_has_a_case() -> None:
-    keys = problem_keys(exercise, exercise.PRAISE)
-    # RAISED and TIMED_OUT: the crash and endless-loop tests below
-    covered = {key for _, _, key in MISTAKES} | {checking.RAISED, checking.TIMED_OUT}
-    assert covered == keys
+WRONG = answers(MISTAKES)
 
 
 def test_a_wrong_type_is_a_plain_message() -> None:
@@ -228,11 +213,10 @@ CORRECT = {
 }
 
 
-@pytest.mark.parametrize("name", list(CORRECT))
-def test_correct_spellings_pass(name: str) -> None:
-    result = check_autocast_settings(CORRECT[name])
-    assert result.passed, str(result)
-    assert str(result) == exercise.PRAISE
+test_each_mistake_is_named, test_every_problem_key_has_a_case, test_correct_answers_pass = (
+    checker_tests(check_autocast_settings, MISTAKES,
+                  problem_keys(exercise, exercise.PRAISE),
+                  CORRECT, exercise.PRAISE))
 
 
 def test_a_right_answer_this_torch_refuses_still_passes(monkeypatch: pytest.MonkeyPatch) -> None:

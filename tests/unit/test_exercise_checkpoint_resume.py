@@ -21,7 +21,7 @@ from amp_tutorial.exercises import checking
 from amp_tutorial.exercises import checkpoint_resume as exercise
 from amp_tutorial.exercises.checkpoint_resume import Run, check_save_and_load
 from tests.support import SOLUTIONS
-from tests.support.exercises import problem_keys
+from tests.support.exercises import answers, checker_tests, problem_keys
 
 reference = runpy.run_path(str(SOLUTIONS / "save_and_load.py"))
 Pair = tuple[Callable[..., object], Callable[..., object]]
@@ -186,23 +186,7 @@ MISTAKES = [
     ("checkpoint written at path + '.tar'", suffixed_pair(), exercise.SAVED_ELSEWHERE),
     ("load reads the path save was given", remembered_path_pair(), exercise.LOAD_IGNORES_PATH),
 ]
-WRONG = {name: pair for name, pair, _ in MISTAKES}
-
-
-@pytest.mark.parametrize(("pair", "key"), [pytest.param(*case[1:], id=case[0])
-                                           for case in MISTAKES])
-def test_each_mistake_is_named(pair: Pair, key: str) -> None:
-    result = check_save_and_load(*pair)
-    assert not result.passed
-    assert result.keys == {key}, str(result)
-    assert all(p.message for p in result.problems)
-
-
-def test_every_problem_key_has_a_case() -> None:
-    keys = problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE, exercise.SCENARIO)
-    # RAISED and TIMED_OUT: the crash and endless-loop tests below
-    covered = {key for _, _, key in MISTAKES} | {checking.RAISED, checking.TIMED_OUT}
-    assert covered == keys
+WRONG = answers(MISTAKES)
 
 
 def test_a_step_before_the_save_is_skipped() -> None:
@@ -298,8 +282,7 @@ CORRECT = {
 }
 
 
-@pytest.mark.parametrize("name", list(CORRECT))
-def test_correct_variants_pass(name: str) -> None:
-    result = check_save_and_load(*CORRECT[name])
-    assert result.passed, str(result)
-    assert "All checks passed" in str(result)
+test_each_mistake_is_named, test_every_problem_key_has_a_case, test_correct_answers_pass = (
+    checker_tests(lambda pair: check_save_and_load(*pair), MISTAKES,
+                  problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE, exercise.SCENARIO),
+                  CORRECT, exercise.PRAISE))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import runpy
 import warnings
-from collections.abc import Callable
 
 import pytest
 import torch
@@ -32,7 +31,7 @@ from amp_tutorial.exercises import contrastive_loss as exercise
 from amp_tutorial.exercises.contrastive_loss import check_contrastive_loss
 from amp_tutorial.exercises.training_spy import simulated_name
 from tests.support import SOLUTIONS
-from tests.support.exercises import problem_keys
+from tests.support.exercises import checker_tests, problem_keys
 
 SOLUTION = SOLUTIONS / "contrastive_loss.py"
 reference_solution = runpy.run_path(str(SOLUTION))["contrastive_loss"]
@@ -177,23 +176,6 @@ MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize(("fn", "key", "also_raises"),
-                         [pytest.param(*case[1:], id=case[0]) for case in MISTAKES])
-def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises: bool) -> None:
-    result = check_contrastive_loss(fn)
-    assert not result.passed
-    expected = {key, checking.RAISED} if also_raises else {key}
-    assert result.keys <= expected and key in result.keys, str(result)
-    assert all(p.message for p in result.problems) and "Traceback" not in str(result)
-
-
-def test_every_problem_key_has_a_case() -> None:
-    keys = problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE)
-    # TIMED_OUT: the endless-loop test below; RAISED also has the crash test
-    covered = {key for _, _, key, _ in MISTAKES} | {checking.RAISED, checking.TIMED_OUT}
-    assert covered == keys
-
-
 def test_report_is_plain_words_and_names_the_numbers() -> None:
     text = str(check_contrastive_loss(under_autocast))
     assert "65504" in text and "enabled=False" in text and ".float()" in text
@@ -256,11 +238,10 @@ CORRECT = {
 }
 
 
-@pytest.mark.parametrize("name", list(CORRECT))
-def test_correct_variants_pass(name: str) -> None:
-    result = check_contrastive_loss(CORRECT[name])
-    assert result.passed, str(result)
-    assert "All checks passed" in str(result)
+test_each_mistake_is_named, test_every_problem_key_has_a_case, test_correct_answers_pass = (
+    checker_tests(check_contrastive_loss, MISTAKES,
+                  problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE),
+                  CORRECT, exercise.PRAISE))
 
 
 # -- the inputs and the facts the messages state ---------------------------------------------------

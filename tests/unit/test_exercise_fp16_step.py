@@ -21,7 +21,7 @@ from amp_tutorial.exercises import checking, training_spy
 from amp_tutorial.exercises import fp16_step as exercise
 from amp_tutorial.exercises.fp16_step import check_fp16_step
 from tests.support import SOLUTIONS
-from tests.support.exercises import problem_keys
+from tests.support.exercises import answers, checker_tests, problem_keys
 
 reference_solution = runpy.run_path(str(SOLUTIONS / "fp16_step.py"))["fp16_step"]
 
@@ -184,24 +184,7 @@ MISTAKES = [
     ("update(new_scale) keeps the scale", amp_step(update="pinned"),
      exercise.OVERFLOW_NOT_HANDLED, False),
 ]
-WRONG = {name: fn for name, fn, _, _ in MISTAKES}
-
-
-@pytest.mark.parametrize(("fn", "key", "also_raises"),
-                         [pytest.param(*case[1:], id=case[0]) for case in MISTAKES])
-def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises: bool) -> None:
-    result = check_fp16_step(fn)
-    assert not result.passed
-    expected = {key, checking.RAISED} if also_raises else {key}
-    assert result.keys == expected, str(result)
-    assert all(p.message for p in result.problems)
-
-
-def test_every_problem_key_has_a_case() -> None:
-    keys = problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE)
-    # RAISED and TIMED_OUT: the crash and endless-loop tests below
-    covered = {key for _, _, key, _ in MISTAKES} | {checking.RAISED, checking.TIMED_OUT}
-    assert covered == keys
+WRONG = answers(MISTAKES)
 
 
 def test_report_is_plain_words() -> None:
@@ -259,11 +242,10 @@ CORRECT = {
 }
 
 
-@pytest.mark.parametrize("name", list(CORRECT))
-def test_correct_variants_pass(name: str) -> None:
-    result = check_fp16_step(CORRECT[name])
-    assert result.passed, str(result)
-    assert "All checks passed" in str(result)
+test_each_mistake_is_named, test_every_problem_key_has_a_case, test_correct_answers_pass = (
+    checker_tests(check_fp16_step, MISTAKES,
+                  problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE),
+                  CORRECT, exercise.PRAISE))
 
 
 # -- the problem itself ----------------------------------------------------------------------------

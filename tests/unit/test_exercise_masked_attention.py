@@ -21,7 +21,7 @@ from amp_tutorial.exercises import checking
 from amp_tutorial.exercises import masked_attention as exercise
 from amp_tutorial.exercises.masked_attention import check_masked_attention
 from tests.support import SOLUTIONS
-from tests.support.exercises import problem_keys
+from tests.support.exercises import answers, checker_tests, problem_keys
 
 SOLUTION = SOLUTIONS / "masked_attention.py"
 reference_solution = runpy.run_path(str(SOLUTION))["masked_attention"]
@@ -176,25 +176,7 @@ MISTAKES = [
     ("returns a list", lambda q, k, v, mask: attention()(q, k, v, mask).tolist(),
      checking.WRONG_RETURN, False),
 ]
-WRONG = {name: fn for name, fn, _, _ in MISTAKES}
-
-
-@pytest.mark.parametrize(("fn", "key", "also_raises"),
-                         [pytest.param(*case[1:], id=case[0]) for case in MISTAKES])
-def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises: bool) -> None:
-    result = check_masked_attention(fn)
-    assert not result.passed
-    expected = {key, checking.RAISED} if also_raises else {key}
-    assert result.keys == expected, str(result)
-    assert "Traceback" not in str(result)
-
-
-def test_every_problem_key_has_a_case() -> None:
-    keys = problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE, exercise.OVERFLOW_ERROR,
-                        *(exercise.RANDOM, exercise.CAUSAL, exercise.MID, exercise.LARGE))
-    # RAISED and TIMED_OUT: the crash and endless-loop tests below
-    covered = {key for _, _, key, _ in MISTAKES} | {checking.RAISED, checking.TIMED_OUT}
-    assert covered - set(checking.STATE_KEYS) == keys
+WRONG = answers(MISTAKES)
 
 
 def test_messages_name_the_setting_and_the_fix() -> None:
@@ -236,10 +218,12 @@ CORRECT = {
 }
 
 
-@pytest.mark.parametrize("name", list(CORRECT))
-def test_correct_spellings_pass(name: str) -> None:
-    result = check_masked_attention(CORRECT[name])
-    assert result.passed, str(result)
+test_each_mistake_is_named, test_every_problem_key_has_a_case, test_correct_answers_pass = (
+    checker_tests(check_masked_attention, MISTAKES,
+                  problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE,
+                               exercise.OVERFLOW_ERROR, exercise.RANDOM, exercise.CAUSAL,
+                               exercise.MID, exercise.LARGE),
+                  CORRECT, exercise.PRAISE))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)

@@ -21,7 +21,7 @@ from amp_tutorial.exercises import checking, training_spy
 from amp_tutorial.exercises import train_loop as exercise
 from amp_tutorial.exercises.train_loop import check_train_with_amp
 from tests.support import SOLUTIONS
-from tests.support.exercises import assert_names, problem_keys, spy_mistakes, variant
+from tests.support.exercises import answers, checker_tests, problem_keys, spy_mistakes, variant
 
 SOLUTION = SOLUTIONS / "train_with_amp.py"
 reference_solution = runpy.run_path(str(SOLUTION))["train_with_amp"]
@@ -231,21 +231,7 @@ MISTAKES = [
      amp_loop(history=lambda losses, scaled, n: [x.item() for x in losses[n - 1::n]]),
      exercise.HISTORY_NOT_LIKE_FP32, False),
 ]
-WRONG = {name: fn for name, fn, _, _ in MISTAKES}
-
-
-@pytest.mark.parametrize(("fn", "key", "also_raises"),
-                         [pytest.param(*case[1:], id=case[0]) for case in MISTAKES])
-def test_each_mistake_is_named(fn: Callable[..., object], key: str, also_raises: bool) -> None:
-    result = check_train_with_amp(fn)
-    assert_names(result, key, also_raises)
-
-
-def test_every_problem_key_has_a_case() -> None:
-    keys = problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE)
-    # RAISED and TIMED_OUT: the crash and endless-loop tests in test_exercise_checkers.py
-    covered = {key for _, _, key, _ in MISTAKES} | {checking.RAISED, checking.TIMED_OUT}
-    assert covered == keys
+WRONG = answers(MISTAKES)
 
 
 def test_report_is_plain_words() -> None:
@@ -307,11 +293,10 @@ CORRECT = {
 }
 
 
-@pytest.mark.parametrize("name", list(CORRECT))
-def test_correct_variants_pass(name: str) -> None:
-    result = check_train_with_amp(CORRECT[name])
-    assert result.passed, str(result)
-    assert "All checks passed" in str(result)
+test_each_mistake_is_named, test_every_problem_key_has_a_case, test_correct_answers_pass = (
+    checker_tests(check_train_with_amp, MISTAKES,
+                  problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE),
+                  CORRECT, exercise.PRAISE))
 
 
 def test_fp32_reference_learns() -> None:
