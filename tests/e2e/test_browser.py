@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -138,8 +139,9 @@ def run_all(page: Page, panel: Locator, lab: LabServer, path: str, kernel: str,
         # second Run All on the same page was lost as well (CI of 3dc664d, 2026-11-27). What a
         # learner does then: restart the kernel and reload the page, which connects anew (the
         # restart also numbers the cells from [1] again, whatever reached the kernel before).
-        print(f"{path}: Run All reached no kernel within {RUN_START_S} s; restarting the kernel "
-              "and reloading the page")
+        # A warning, not a print: pytest lists warnings in CI's log for passing tests too.
+        warnings.warn(f"{path}: Run All reached no kernel within {RUN_START_S} s; restarting the "
+                      "kernel and reloading the page", stacklevel=1)
         _, sessions = lab.api("/api/sessions")
         for session in sessions or []:
             if session.get("path") == path and session.get("kernel"):
@@ -324,7 +326,8 @@ def test_outputs_survive_save_reload_and_reopen(page: Page, lab: LabServer) -> N
         menu(page, "Run", re.compile(r"^Run Selected Cells?$"))
         if run_started(panel, lab, filename):
             break
-        print(f"{filename}: the run reached no kernel within {RUN_START_S} s (try {attempt + 1})")
+        warnings.warn(f"{filename}: the run reached no kernel within {RUN_START_S} s "
+                      f"(try {attempt + 1})", stacklevel=1)
     page.wait_for_function(PROMPT_DONE_JS, arg=[panel.element_handle(), figure],
                            timeout=RUN_ALL_TIMEOUT_MS, polling=500)
     ran = read_cells(panel, sources)
