@@ -11,7 +11,9 @@ to the profiler while a profiler runs with ``profile_memory`` (``ProfiledCPUMemo
 size. The live bytes at any moment are the running sum of those sizes in time order, and the peak
 is its maximum. The reporter only reports the free of a block it saw allocated while a profiler
 recorded memory ("Memory block of unknown size was allocated before the profiling started" is
-its warning), so tensors made before tracking started never count, their frees included. This
+its warning), and the tracker counts a free only where it saw the block's allocation (the events
+carry the address), so tensors made before tracking started never count, their frees included,
+even where the reporter remembers an older block at the same address. This
 is every CPU tensor's storage: parameters, gradients, optimizer state, activations, the
 temporaries inside kernels that come from the allocator, and the buffers of ``torch.compile``d
 code: Inductor's generated CPU code allocates them with ``empty_strided_cpu``, which a
@@ -46,7 +48,6 @@ from typing import Any
 
 import torch
 from torch._C._autograd import (
-    DeviceType,
     _disable_profiler,
     _enable_profiler,
     _prepare_profiler,
@@ -57,6 +58,7 @@ from torch._C._profiler import (
     ProfilerState,
     RecordScope,
     _ExperimentalConfig,
+    _ExtraFields_Allocation,
 )
 
 from amp_tutorial import presets
@@ -91,14 +93,22 @@ def _memory_config() -> ProfilerConfig:
 
 
 # The device types whose memory events are CPU memory (as torch.autograd.profiler counts them).
-CPU_MEMORY = (DeviceType.CPU, DeviceType.MKLDNN, DeviceType.IDEEP)
+CPU_MEMORY = ("cpu", "mkldnn", "ideep")
 
 
-def memory_events(results: Any) -> list[tuple[int, int]]:
-    """``(time in ns, signed bytes)`` of the CPU ``[memory]`` events of a profiler's results, in
-    time order (the events of several threads are merged by time)."""
-    return sorted((event.start_ns(), event.nbytes()) for event in results.events()
-                  if event.name() == MEMORY_EVENT and event.device_type() in CPU_MEMORY)
+def memory_events(results: Any) -> list[tuple[int, int, int]]:
+    """``(time in ns, signed bytes, address)`` of the CPU allocations and frees in a profiler's
+    results, in time order (the events of several threads are merged by time; an allocation made
+    inside an op is a child of that op's node in the event tree)."""
+    found = []
+    nodes = list(results.experimental_event_tree())
+    while nodes:
+        node = nodes.pop()
+        nodes.extend(node.children)
+        fields = node.extra_fields
+        if isinstance(fields, _ExtraFields_Allocation) and fields.device.type in CPU_MEMORY:
+            found.append((node.start_time_ns, fields.alloc_size, fields.ptr))
+    return sorted(found)
 
 
 class _WithoutMemoryEvents:
@@ -138,12 +148,21 @@ class LiveTensorMemory:
         self._tracking = False
         self._paused_for: object | None = None
         self._originals: dict[str, Any] = {}
+        self._blocks: dict[int, int] = {}  # address -> bytes of each block seen allocated, alive
 
-    def fold(self, events: Iterable[tuple[int, int]]) -> None:
-        """Add memory events, in time order, to the running total."""
-        for _, nbytes in events:
+    def fold(self, events: Iterable[tuple[int, int, int]]) -> None:
+        """Add memory events ``(time, signed bytes, address)``, in time order, to the running
+        total. A free counts only where this tracker saw its block allocated: the reporter also
+        reports the free of a block it remembers from an earlier profiling session in the same
+        process (alive when that one stopped), with that block's size, at whatever new block
+        reuses the address, which would take ``live`` below zero."""
+        for _, nbytes, address in events:
+            if nbytes < 0 and self._blocks.pop(address, None) is None:
+                continue
+            if nbytes > 0:
+                self._blocks[address] = nbytes
+                self.allocations += 1
             self.live += nbytes
-            self.allocations += nbytes > 0
             self.peak = max(self.peak, self.live)
 
     def start(self) -> LiveTensorMemory:
