@@ -8,7 +8,8 @@ teach. Notebooks run at the ``smoke`` preset unless AMP_TUTORIAL_PRESET is set.
 Each lesson runs in two dtype modes on every supported torch release: the lock's (this
 interpreter; ids ``::auto::`` and ``::fp16::``) and each of ``amp_tutorial.versions.OTHER_TORCHES``
 in its overlay venv (``tests/support/torch_envs.py``; ids ``::torch2.9.0-auto::`` ...), and once
-more on the lock's torch as an AVX2-only CPU runs it (``::avx2-auto::``).
+more on the lock's torch as an AVX2-only CPU runs it (``::avx2-auto::``), where that changes
+which kernels run (not on an AVX2-only CPU, which runs so already).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from amp_tutorial.device import DTYPE_ENV
 from course_tools import answers
 from course_tools.catalogue import is_lesson
 from tests.support import missing_tool, torch_envs
+from tests.support.cpu_emulation import AVX2_EMULATION, emulation_changes_kernels
 
 ROOT = Path(__file__).resolve().parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -43,9 +45,6 @@ def is_notebook(path: Path) -> bool:
 DTYPE_MODES = {"auto": None, "fp16": "float16"}
 
 
-# What a CPU without native bf16 (a Zen 3: AVX2 only) does, on any x86 CPU: oneDNN's bf16 kernels
-# off, ATen's vectorised kernels at AVX2. Set before the kernel imports torch.
-AVX2_EMULATION = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +60,11 @@ class Config:
 
 def configs() -> list[Config]:
     """Both dtype modes on every supported torch release (the lock's, then each other release in
-    its overlay, tests/support/torch_envs.py), and the device's own mode under AVX2 emulation."""
+    its overlay, tests/support/torch_envs.py), and the device's own mode under AVX2 emulation
+    where that changes which kernels run (tests/support/cpu_emulation.py; not on a Zen 3)."""
     runs = [Config(mode, dtype) for mode, dtype in DTYPE_MODES.items()]
-    runs.append(Config("avx2-auto", None, env=tuple(AVX2_EMULATION.items())))
+    if emulation_changes_kernels()[0]:
+        runs.append(Config("avx2-auto", None, env=tuple(AVX2_EMULATION.items())))
     runs += [Config(f"torch{version}-{mode}", dtype, version)
              for version in versions.OTHER_TORCHES for mode, dtype in DTYPE_MODES.items()]
     return runs
