@@ -59,6 +59,11 @@ LIMITS = {  # per device kind: the limits of each probe, lesson and bench run, t
     "cuda": {"probe": 60.0, "lesson": 240.0, "bench": 90.0, "reserve": 170.0, "jobs": 4},
     "cpu": {"probe": 120.0, "lesson": 180.0, "bench": 120.0, "reserve": 60.0, "jobs": 1},
 }
+# On a CPU without native bf16 (no avx512_bf16 or amx_bf16, or oneDNN capped below them) every
+# bf16 matmul takes ATen's reference gemm: the CPU limits are this many times longer there
+# (bench-transformer at smoke took 68 s of its 120 s on a loaded 2-core Zen 3, and was killed
+# at 120 s with more work beside it)
+EMULATED_BF16_FACTOR = 3.0
 BENCH_RUNS = (("conv", False), ("conv", True), ("transformer", False), ("transformer", True))
 PRESET_ENV = "AMP_TUTORIAL_PRESET"  # as amp_tutorial.presets reads it
 MIN_START_S = 5.0  # a part is not started with less time than this left
@@ -621,8 +626,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--preset", default=None,
                         help="the lessons' and bench's preset (default: paper on a GPU, smoke on "
                         "a CPU)")
-    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
-                        help=f"seconds for the whole run (default {DEFAULT_BUDGET_S:.0f})")
+    parser.add_argument("--budget", type=float, default=None,
+                        help=f"seconds for the whole run (default {DEFAULT_BUDGET_S:.0f}, "
+                        f"{EMULATED_BF16_FACTOR:g} times that on a CPU that emulates bf16)")
     parser.add_argument("--jobs", type=int, default=None, help="lessons at a time")
     parser.add_argument("--probe-limit", type=float, default=None, help="seconds for the probes")
     parser.add_argument("--lesson-limit", type=float, default=None, help="seconds per lesson")
@@ -647,13 +653,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.device = "cuda" if _has_cuda() else "cpu"
     kind = "cpu" if args.device == "cpu" else "cuda"
     args.preset = args.preset or ("smoke" if kind == "cpu" else "paper")
+    factor = cpu_limit_factor() if kind == "cpu" else 1.0
+    args.budget = args.budget or DEFAULT_BUDGET_S * factor
     args.jobs = args.jobs or LIMITS[kind]["jobs"]
-    args.probe_limit = args.probe_limit or LIMITS[kind]["probe"]
-    args.lesson_limit = args.lesson_limit or LIMITS[kind]["lesson"]
-    args.bench_limit = args.bench_limit or LIMITS[kind]["bench"]
-    args.bench_reserve = (LIMITS[kind]["reserve"] if args.bench_reserve is None
+    args.probe_limit = args.probe_limit or LIMITS[kind]["probe"] * factor
+    args.lesson_limit = args.lesson_limit or LIMITS[kind]["lesson"] * factor
+    args.bench_limit = args.bench_limit or LIMITS[kind]["bench"] * factor
+    args.bench_reserve = (LIMITS[kind]["reserve"] * factor if args.bench_reserve is None
                           else args.bench_reserve)
     return args
+
+
+def cpu_limit_factor(cpuinfo: str = "/proc/cpuinfo") -> float:
+    """How much longer the CPU limits are on this CPU: ``EMULATED_BF16_FACTOR`` where bf16 is
+    emulated, 1 where it is native. Read from the flags, without importing torch here."""
+    capped = any(os.environ.get(name) for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"))
+    try:
+        flags = set(Path(cpuinfo).read_text(encoding="utf-8").split())
+    except OSError:
+        return 1.0
+    native = bool({"avx512_bf16", "amx_bf16", "bf16"} & flags) and not capped
+    return 1.0 if native else EMULATED_BF16_FACTOR
 
 
 def _has_cuda() -> bool:

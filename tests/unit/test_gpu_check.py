@@ -189,3 +189,26 @@ def test_every_lesson_is_found_in_course_order() -> None:
     assert [p.name[:2] for p in paths] == [f"{n:02d}" for n in range(1, len(paths) + 1)]
     with pytest.raises(SystemExit, match="no lesson 99"):
         find_lessons(ROOT / "notebooks", ["99"])
+
+
+@pytest.mark.parametrize(("flags", "env", "factor"), [
+    ("fpu sse2 avx2 fma f16c", {}, 3.0),  # a Zen 3: bf16 emulated
+    ("fpu avx2 avx512f avx512bw avx512_bf16", {}, 1.0),  # a Zen 4
+    ("fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16", {}, 1.0),  # a Xeon with AMX
+    ("fpu avx2 avx512f avx512_bf16", {"ONEDNN_MAX_CPU_ISA": "AVX2"}, 3.0),  # capped as a Zen 3
+])
+def test_the_cpu_limits_follow_the_machine(flags, env, factor, tmp_path, monkeypatch) -> None:
+    from course_tools.gpu_check import DEFAULT_BUDGET_S, LIMITS, cpu_limit_factor, parse_args
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert cpu_limit_factor(str(cpuinfo)) == factor
+    monkeypatch.setattr("course_tools.gpu_check.cpu_limit_factor", lambda: factor)
+    args = parse_args([str(tmp_path / "out"), "--device", "cpu"])
+    assert args.bench_limit == LIMITS["cpu"]["bench"] * factor
+    assert args.budget == DEFAULT_BUDGET_S * factor
+    assert parse_args([str(tmp_path / "out"), "--device", "cpu", "--bench-limit", "7"]
+                      ).bench_limit == 7
