@@ -8,12 +8,17 @@ Zen 3 itself), or that is not x86, the emulation changes no kernel: that run wou
 plain one, so it is left out (on a Zen 3 the unit phase alone took 27 minutes).
 
 ``python -m tests.support.cpu_emulation`` exits 0 where the emulation changes something and 1
-where it does not, saying which; the README's test command runs the emulated unit tests only on 0.
+where it does not, saying which. ``python -m tests.support.cpu_emulation COMMAND ...`` runs the
+command under the emulation where it changes something, and else says why it is left out and
+exits 0: the README's test command runs the emulated unit tests so.
 """
 
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
+import sys
 
 AVX2_EMULATION = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 EMULATED_CAPABILITIES = ("AVX2", "DEFAULT")  # what ATen reports at or below the emulated level
@@ -36,11 +41,15 @@ def emulation_changes_kernels() -> tuple[bool, str]:
                    "this CPU is what the emulation imitates")
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     changes, why = emulation_changes_kernels()
     print(f"AVX2 emulation {'runs' if changes else 'left out'}: {why}", flush=True)
-    return 0 if changes else 1
+    if not argv:
+        return 0 if changes else 1
+    if not changes:
+        return 0
+    return subprocess.run(argv, env={**os.environ, **AVX2_EMULATION}, check=False).returncode
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))

@@ -51,3 +51,17 @@ def test_under_the_emulation_no_cpu_is_left_that_it_would_change() -> None:
                           env={**os.environ, **cpu_emulation.AVX2_EMULATION},
                           capture_output=True, text=True)
     assert done.returncode == 1, done.stdout
+
+
+def test_a_command_runs_under_the_emulation_only_where_it_changes_something() -> None:
+    changes, _ = cpu_emulation.emulation_changes_kernels()
+    show = [sys.executable, "-c",
+            "import os; print('cap=' + os.environ.get('ONEDNN_MAX_CPU_ISA', ''))"]
+    done = subprocess.run([sys.executable, "-m", "tests.support.cpu_emulation", *show], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0
+    assert ("cap=AVX2" in done.stdout) == changes and ("cap=" in done.stdout) == changes
+    failing = [sys.executable, "-c", "raise SystemExit(3)"]
+    done = subprocess.run([sys.executable, "-m", "tests.support.cpu_emulation", *failing],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == (3 if changes else 0)
