@@ -1,6 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     learner_minutes: 50
 #     memory:
 #       cpu: 67
 #       paper: 522
@@ -9,6 +10,7 @@
 #       small: 0.3
 #       smoke: 0.2
 #     needs: any device, CPU included
+#     track: core
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:
@@ -47,7 +49,7 @@ from amp_tutorial.exercises.train_loop import check_train_with_amp, train_fp32
 from amp_tutorial.models import seeded_conv_model
 from amp_tutorial.plots import plot_losses
 from amp_tutorial.presets import get_preset
-from amp_tutorial.quiz import check_quiz, quiz_markdown
+from amp_tutorial.quiz import CORE_QUIZ
 
 info = select_device()
 preset = get_preset(device_type=info.type)
@@ -189,23 +191,23 @@ assert amp_history[-1] < 1.5 * fp32_history[-1] + 0.01, "AMP trained much worse 
 #
 # ## Quiz
 #
-# The quiz has 17 questions, each naming the lesson it covers. Questions 1 to 6 are about the loop
+# The quiz has 10 questions, each naming the lesson it covers. Questions 1 to 6 are about the loop
 # you just wrote (lessons 01 and 02; the first three come from the exercise this lesson is based
-# on); questions 7 to 17 cover lessons 07 to 17: come back to them after those lessons.
-# Answer each with a letter in the `answers` dict below and run the next cell: it marks each
-# answer, and explains the ones you got right.
+# on), 7 to 10 about measuring, inference and checkpoints (lessons 03 to 05). Answer each with a
+# letter in the `answers` dict below and run the next cell: it marks each answer, explains the ones
+# you got right, and for a wrong one names the lesson and section to reread. Lessons 07 to 17
+# have their own quiz, at the end of lesson 17.
 
 # %%
-display(Markdown(quiz_markdown()))
+display(Markdown(CORE_QUIZ.markdown()))
 
 # %% tags=["exercise"] solution="quiz_answers.py"
 # YOUR ANSWERS: one letter per question, e.g. {1: "a", ...}
 answers = {1: None, 2: None, 3: None, 4: None, 5: None, 6: None,  # lessons 01-02
-           7: None, 8: None, 9: None, 10: None, 11: None, 12: None,  # lessons 07-17
-           13: None, 14: None, 15: None, 16: None, 17: None}
+           7: None, 8: None, 9: None, 10: None}  # lessons 03-05
 
 # %%
-quiz = check_quiz(answers)
+quiz = CORE_QUIZ.check(answers)
 print(quiz)
 assert quiz.all_correct, "not all answers are right yet: change them above and re-run"
 

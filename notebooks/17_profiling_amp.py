@@ -1,6 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     learner_minutes: 35
 #     memory:
 #       cpu: 323
 #       paper: 3517
@@ -10,6 +11,7 @@
 #       smoke: 0.2
 #     needs: 'any device, CPU included; memory snapshot: a CUDA or ROCm GPU; TF32 baseline:
 #       NVIDIA compute capability 8.0+'
+#     track: advanced
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:
@@ -278,6 +280,31 @@ if info.type == "cpu" and hasattr(torch.backends.mkldnn, "matmul"):
 #    `dtype=torch.float16`. On a CPU both models save exactly the same bytes as before (ratios 0.516
 #    and 0.573 at `smoke`; the column keeps its bf16 label): both formats take 2 bytes, and CPU
 #    autocast applies the same lists to both.
+
+# %% [markdown]
+# ## Quiz: the advanced track
+#
+# The quiz has 11 questions, one on each of lessons 07 to 17 (the core lessons' quiz is at the end
+# of lesson 06). Answer each with a letter in the `answers` dict below and run the next cell: it
+# marks each answer, explains the ones you got right, and for a wrong one names the lesson and
+# section to reread.
+
+# %%
+from IPython.display import Markdown, display
+
+from amp_tutorial.quiz import ADVANCED_QUIZ
+
+display(Markdown(ADVANCED_QUIZ.markdown()))
+
+# %% tags=["exercise"] solution="quiz_advanced_answers.py"
+# YOUR ANSWERS: one letter per question, e.g. {1: "a", ...}
+answers = {1: None, 2: None, 3: None, 4: None, 5: None, 6: None,  # lessons 07-12
+           7: None, 8: None, 9: None, 10: None, 11: None}  # lessons 13-17
+
+# %%
+quiz = ADVANCED_QUIZ.check(answers)
+print(quiz)
+assert quiz.all_correct, "not all answers are right yet: change them above and re-run"
 
 # %% [markdown]
 # ## What to remember

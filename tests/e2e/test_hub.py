@@ -21,6 +21,8 @@ import re
 import secrets
 import time
 from collections.abc import Iterator
+from datetime import datetime, timezone
+from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -539,6 +541,31 @@ def test_the_instructors_page_shows_who_passed_and_bobs_mistake_in_chromium(
     tries = sum(r["user"] == "ada" and r["exercise"] == "autocast_settings"
                 for r in class_csv(hub, workshop.tokens["teacher"]))
     assert ada_text.startswith("passed") and f"{tries} attempt" in ada_text, (tries, ada_text)
+
+
+PRANK = "known checker bug, set the default dtype to float16 and re-run"
+
+
+def test_a_made_up_sentence_with_a_real_key_stays_in_its_learners_row(
+        workshop: Class, checked: dict[str, dict[str, Any]]) -> None:
+    """Bob's server posts a made-up sentence with his real mistake key, as a prank would: the
+    class's summary says the key in the course's words (course.json, in the hub's image), and
+    the sentence shows only in Bob's row, marked as what his server sent."""
+    hub, key = workshop.hub, "device-type-hard-coded-cuda"
+    prank = dict(checked["bob"]["record"], id=secrets.token_hex(16), keys=[key], message=PRANK,
+                 time=datetime.now(timezone.utc).isoformat())
+    reply = post_attempts(hub, server_token(hub, "bob"), json.dumps({"attempts": [prank]}).encode())
+    assert reply.status_code == 200, reply.text
+    page = hub.api("GET", PROGRESS, workshop.tokens["teacher"]).text
+    course = json.loads((ROOT / "docker/hub/amp_progress/course.json").read_text("utf-8"))
+    [words] = [said for *where, said in course["words"]
+               if where == ["01", "autocast_settings", key]]
+    summary = page[page.index('<ul id="mistakes">'):]
+    assert f"<code>{key}</code>" in summary and PRANK not in summary, summary
+    assert all(escape(w) in summary for w in words), (words, summary)
+    bob = page[page.index('data-user="bob"'):]
+    assert f"their server sent:</span> <q>{PRANK}</q>" in bob[:bob.index("</tr>")]
+    assert page.count(PRANK) == 1
 
 
 def test_a_learner_gets_403_and_a_stranger_the_sign_in_page(workshop: Class,

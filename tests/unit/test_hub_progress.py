@@ -6,8 +6,10 @@ into a real hub is tests/e2e/test_hub.py."""
 from __future__ import annotations
 
 import csv
+import html
 import io
 import json
+import re
 import sys
 import threading
 import uuid
@@ -263,19 +265,35 @@ def test_a_lone_surrogate_in_the_message_is_stored_not_a_500(
 def test_the_course_manifest_is_what_the_course_defines_now() -> None:
     """course.json is generated from the checkers (course_tools.exercise_manifest): a checker's
     new key or exercise without a regenerated file fails here."""
+    from amp_tutorial.quiz import QUIZZES
     from course_tools import exercise_manifest
 
     assert course.MANIFEST.read_text(encoding="utf-8") == exercise_manifest.text(), (
         "run: python -m course_tools.exercise_manifest")
     assert ("01", "autocast_settings") in course.COURSE.exercises
-    assert ("06", "quiz") in course.COURSE.exercises
+    assert {("06", "quiz"), ("17", "quiz")} <= course.COURSE.exercises  # the core and advanced
     assert {"device-type-hard-coded-cuda", "raised", "timed-out", "question-1-wrong"} <= (
         course.COURSE.keys)
+    assert "answers-not-a-dict" in course.COURSE.keys  # a quiz's record of `answers = [...]`
+    longest = max(len(quiz.questions) for quiz in QUIZZES)
+    assert {f"question-{longest}-wrong", f"question-{longest}-unanswered"} <= course.COURSE.keys
+    assert f"question-{longest + 1}-wrong" not in course.COURSE.keys  # no question that is not
     assert "cpu" not in course.COURSE.keys  # DEVICE_TYPE = "cpu" is a setting, not a mistake
 
 
-def test_every_key_a_checker_names_is_one_the_service_takes() -> None:
-    """Lesson 01's checker on a wrong answer: each key it records passes the service's check."""
+def says(words: str, message: str) -> bool:
+    """Whether the course's `words` for a key are what a checker's `message` says: their literal
+    parts in order, ``…`` standing for what the run filled in, the why between what and fix."""
+    what, _, fix = words.partition(" Instead: ")
+    pattern = ".*?".join(map(re.escape, what.split("…")))
+    if fix:
+        pattern += ".* Instead: " + ".*?".join(map(re.escape, fix.split("…")))
+    return re.search(pattern, " ".join(message.split())) is not None
+
+
+def test_every_key_a_checker_names_is_one_the_service_takes_in_words_it_says() -> None:
+    """Lesson 01's checker on a wrong answer: each key it records passes the service's check, and
+    the course's words for it (course.json) are what the checker said for it."""
     from amp_tutorial.exercises.autocast_settings import check_autocast_settings
 
     def hard_coded(device):
@@ -284,6 +302,73 @@ def test_every_key_a_checker_names_is_one_the_service_takes() -> None:
 
     result = check_autocast_settings(hard_coded)
     assert result.keys and result.keys <= course.COURSE.keys, result.keys
+    for problem in result.problems:
+        words = course.COURSE.words_for(("01", "autocast_settings"), problem.key)
+        assert any(says(w, problem.message) for w in words), (problem, words)
+
+
+def test_every_key_of_the_course_has_the_courses_words() -> None:
+    """Each key has words at an exercise or in the checkers' shared code; a quiz's question keys
+    quote their question, and only at their own quiz."""
+    from amp_tutorial.quiz import QUIZZES
+
+    known = set(course.COURSE.shared_words).union(*course.COURSE.words.values())
+    assert course.COURSE.keys <= known, sorted(course.COURSE.keys - known)
+    for quiz in QUIZZES:
+        for number, question in quiz.questions.items():
+            [wrong] = course.COURSE.words_for((quiz.lesson, "quiz"), f"question-{number}-wrong")
+            assert question.text in wrong and "answered wrong" in wrong
+    core, advanced = QUIZZES
+    assert course.COURSE.words_for((core.lesson, "quiz"), "question-1-wrong") != (
+        course.COURSE.words_for((advanced.lesson, "quiz"), "question-1-wrong"))
+    assert course.COURSE.words_for(("01", "autocast_settings"), "question-1-wrong") == ()
+    [raised] = course.COURSE.words_for(("01", "autocast_settings"), "raised")
+    assert raised.startswith("autocast_settings raised")  # the helper's words, as 01 calls it
+
+
+CHECKER = '''
+from amp_tutorial.exercises.checking import RAISED, Problem
+
+LATE = "late-step"
+EARLY = "early-step"
+LOOPED = "looped"
+RULES = [("late", LATE, "Stepped {n} times late.", "Why it matters.", "step on time.")]
+
+
+def _problems(n, name):
+    found = [Problem.named(EARLY, f"Stepped {n} early in {name}.", "Why.", f"step {n} later.")]
+    found += [Problem.named(key, what.format(n=n), why, fix) for _, key, what, why, fix in RULES]
+
+    def bad(message):
+        return Problem(LOOPED, message)
+
+    found += [bad("The loop never ended."), bad(f"It ran {n} times.")]
+    return found + [Problem(RAISED, f"{name} raised {n}.")]
+'''
+
+
+def test_the_words_are_read_from_each_way_a_checker_names_a_problem(tmp_path: Path) -> None:
+    """Problem.named with the run's values (…), a rule table's str.format templates, a helper
+    that makes a problem from the words it is passed, a key imported from checking.py."""
+    import importlib.util
+
+    from amp_tutorial.exercises import checking
+    from course_tools import exercise_manifest
+
+    path = tmp_path / "made_up_checker.py"
+    path.write_text(CHECKER)
+    spec = importlib.util.spec_from_file_location("made_up_checker", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    source = exercise_manifest.Source.of(module, {checking.__name__: checking})
+    keys = {"late-step", "early-step", "looped", "raised"}
+    helpers = exercise_manifest._helpers({module.__name__: source}, keys)
+    assert exercise_manifest.source_words(source, helpers, keys) == {
+        "early-step": ["Stepped … early in …. Instead: step … later."],
+        "late-step": ["Stepped … times late. Instead: step on time."],
+        "looped": ["The loop never ended.", "It ran … times."],  # bad(message), each call
+        "raised": ["… raised …."],
+    }
 
 
 def test_a_good_post_is_normalised() -> None:
@@ -356,7 +441,54 @@ def test_the_most_common_mistake_counts_learners_first() -> None:
     )
     mistake = progress_view.class_view(attempts, NOW).mistakes[("01", "autocast_settings")]
     assert (mistake.key, mistake.learners, mistake.attempts) == ("no-scaler-with-fp16", 2, 4)
-    assert mistake.words == "cyd's words"  # the latest words said for it
+    assert mistake.words == course.COURSE.words_for(("01", "autocast_settings"),
+                                                    "no-scaler-with-fp16")  # the course's
+    assert mistake.words and not any("words" in w for w in mistake.words)
+
+
+PRANK = "known checker bug, set the default dtype to float16 and re-run"
+
+
+def row_of(page: str, user: str) -> str:
+    row = page[page.index(f'data-user="{user}"'):]
+    return row[:row.index("</tr>")]
+
+
+def test_the_class_summary_quotes_the_course_and_a_learners_words_only_their_row() -> None:
+    """A learner's server posts a made-up sentence with a real key: the class's summary tells
+    that key in the course's words, and the sentence shows only in that learner's row, marked
+    as what their server sent."""
+    key = "device-type-hard-coded-cuda"
+    attempts = stored(("bob", record(keys=(key,), message="[cpu] device_type was 'cuda'.",
+                                     minutes_ago=20)),
+                      ("eve", record(keys=(key,), message=PRANK, minutes_ago=1)))
+    view = progress_view.class_view(attempts, NOW)
+    mistake = view.mistakes[("01", "autocast_settings")]
+    assert mistake.key == key and mistake.learners == 2
+    assert mistake.words == course.COURSE.words_for(("01", "autocast_settings"), key)
+    assert mistake.words and "hard-coded" in mistake.words[0]
+    page = progress_view.render_page(view, NOW, "teacher", "/services/amp-progress/", "<input>")
+    summary = page[page.index('<ul id="mistakes">'):]
+    assert f"The checker says: {html.escape(mistake.words[0])}</span>" in summary
+    assert PRANK not in summary and "device_type was &#x27;cuda&#x27;" not in summary
+    assert page.count(PRANK) == 1
+    assert f'their server sent:</span> <q>{PRANK}</q>' in row_of(page, "eve")
+    assert "their server sent:</span> <q>[cpu] device_type was &#x27;cuda&#x27;.</q>" in (
+        row_of(page, "bob"))
+
+
+def test_a_key_the_course_has_no_words_for_is_shown_alone(tmp_path: Path) -> None:
+    """A course.json from before the words (or a key without any): the summary names the key and
+    quotes nothing, not even the learner's message."""
+    older = tmp_path / "course.json"
+    older.write_text(json.dumps({"exercises": [["01", "autocast_settings"]], "keys": ["raised"]}))
+    loaded = course.load(older)
+    assert loaded.words_for(("01", "autocast_settings"), "raised") == ()
+    view = progress_view.class_view(stored(("eve", record(keys=("raised",), message=PRANK))),
+                                    NOW, loaded)
+    table = progress_view.table_html(view, NOW)
+    summary = table[table.index('<ul id="mistakes">'):]
+    assert "<code>raised</code>, 1 learner, 1 attempt.</li>" in summary and PRANK not in summary
 
 
 def test_the_page_shows_each_cell_and_escapes_what_learners_sent() -> None:

@@ -8,6 +8,7 @@ in a real hub is tests/e2e/test_hub.py."""
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import logging
 import re
@@ -41,6 +42,7 @@ if str(HUB_DIR) not in sys.path:
     sys.path.insert(0, str(HUB_DIR))
 from amp_progress import limits, records, service, store  # noqa: E402
 from amp_progress.access import POST_SCOPE, READ_SCOPE  # noqa: E402
+from amp_progress.course import COURSE  # noqa: E402
 
 PREFIX = "/services/amp-progress/"
 CLIENT_ID = "service-amp-progress"
@@ -269,6 +271,21 @@ class TestInstructorHandlers(ServiceCase):
         lines = export.body.decode().splitlines()
         assert lines[0].startswith("user,id,time") and len(lines) == 3
         assert first["id"] in lines[1] and second["id"] in lines[2]
+
+    def test_the_summary_quotes_the_course_and_a_learners_words_stay_in_their_row(self) -> None:
+        """Eve's server posts a made-up sentence with a real key: the class's summary says the
+        key in the course's words, and the sentence shows only in Eve's row, marked as what her
+        server sent."""
+        prank = "known checker bug, set the default dtype to float16 and re-run"
+        assert self.post(body(record(message=prank)), "eve-token").code == 200
+        table = self.fetch(PREFIX + "table", "teacher-token").body.decode()
+        summary = table[table.index('<ul id="mistakes">'):]
+        words = COURSE.words_for(("01", "autocast_settings"), "device-type-hard-coded-cuda")
+        assert words and all(html.escape(w) in summary for w in words), summary
+        assert "<code>device-type-hard-coded-cuda</code>" in summary and prank not in summary
+        eve = table[table.index('data-user="eve"'):]
+        assert f"their server sent:</span> <q>{prank}</q>" in eve[:eve.index("</tr>")]
+        assert table.count(prank) == 1
 
     def test_clear_is_the_pages_button_for_the_instructor_only(self) -> None:
         self.post(body(record()))

@@ -123,11 +123,13 @@ def test_every_graded_check_records_an_attempt(
     workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from amp_tutorial.exercises.autocast_settings import check_autocast_settings
-    from amp_tutorial.quiz import check_quiz
+    from amp_tutorial.quiz import ADVANCED_QUIZ, CORE_QUIZ
 
-    quiz = check_quiz({1: "b"})
+    quiz = CORE_QUIZ.check({1: "b"})
     result = check_autocast_settings(lambda device: (device.type, "bf16", False))
-    quiz_record, check_record = read_attempts()
+    advanced = ADVANCED_QUIZ.check({n: q.answer for n, q in ADVANCED_QUIZ.questions.items()})
+    not_a_dict = CORE_QUIZ.check(["b"])
+    quiz_record, check_record, advanced_record, not_a_dict_record = read_attempts()
     assert (quiz_record["lesson"], quiz_record["exercise"], quiz_record["passed"]) == (
         "06",
         "quiz",
@@ -135,20 +137,27 @@ def test_every_graded_check_records_an_attempt(
     )
     assert (
         "question-1-correct" not in quiz_record["keys"]
+        and "question-1-wrong" not in quiz_record["keys"]  # 1: "b" is right
         and "question-2-unanswered" in quiz_record["keys"]
         and quiz_record["message"] == str(quiz).splitlines()[0]
     )
     assert (check_record["lesson"], check_record["exercise"]) == ("01", "autocast_settings")
     assert check_record["keys"] == sorted(result.keys) and not check_record["passed"]
     assert check_record["message"] == " ".join(str(result).split())[: progress.MESSAGE_CHARS]
+    # each quiz under its own lesson; all right passes with no keys
+    assert (advanced_record["lesson"], advanced_record["exercise"]) == ("17", "quiz")
+    assert advanced_record["passed"] and advanced_record["keys"] == [] and advanced.all_correct
+    assert advanced_record["message"] == f"Score: {len(ADVANCED_QUIZ.questions)} / " + (
+        f"{len(ADVANCED_QUIZ.questions)}")
+    assert not_a_dict_record["keys"] == ["answers-not-a-dict"] and not not_a_dict.all_correct
     assert capsys.readouterr().out == ""
 
 
 def test_a_check_answers_as_usual_when_it_cannot_record(
     blocker: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from amp_tutorial.quiz import check_quiz
+    from amp_tutorial.quiz import CORE_QUIZ
 
-    quiz = check_quiz({})
-    assert quiz.score == 0 and len(quiz.marks) > 1
+    quiz = CORE_QUIZ.check({})
+    assert quiz.score == 0 and len(quiz.marks) == len(CORE_QUIZ.questions)
     assert capsys.readouterr().out.count("not recorded") == 1

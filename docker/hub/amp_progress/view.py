@@ -5,7 +5,9 @@ one of their latest attempt; they are *stuck* when that attempt failed, and the 
 most failed attempts on their current exercise since they last passed it, then the longest time
 since any pass of theirs (since their first attempt if they never passed), then by name. Per
 exercise, the most common mistake is the problem key seen in the most learners' failed attempts
-(then in the most attempts), with the latest words the checker said for it.
+(then in the most attempts), told in the course's own words for that key (course.json, from the
+checkers), never in a learner's: the message a learner's server sends is any text it likes, so
+it is shown only in that learner's row, marked as what their server sent.
 `render_page` writes that as HTML (every learner-sent string escaped).
 """
 
@@ -17,9 +19,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from amp_progress.course import COURSE, Course
 from amp_progress.store import Attempt
 
 REFRESH_SECONDS = 10
+SENT_TITLE = "what this learner's server sent with the attempt, as it sent it (not checked)"
+MISTAKES_NOTE = ("In the course's own words for each key (… where the checker fills in what the "
+                 "run found). What a learner's server sent appears only in that learner's row.")
 
 
 @dataclass
@@ -30,7 +36,7 @@ class Cell:
     failed: int = 0
     passed: bool = False  # passed at least once
     failed_since_pass: int = 0  # failed attempts after the last pass (all, if never passed)
-    last_mistake: str = ""  # the checker's words at the latest failed attempt
+    last_mistake: str = ""  # what the learner's server sent with the latest failed attempt
     last_keys: tuple[str, ...] = ()
 
 
@@ -58,7 +64,7 @@ class Mistake:
     key: str
     learners: int
     attempts: int
-    words: str
+    words: tuple[str, ...]  # the course's wordings of the key (course.json), never a learner's
 
 
 @dataclass
@@ -76,18 +82,18 @@ def seconds_between(earlier: str, later: datetime) -> float:
 @dataclass
 class LearnerPart:
     """One learner's share of the view, computed from their attempts alone, so that a change by
-    one learner re-reads only theirs: their row, and per exercise and problem key the failed
-    attempts that named it, with the latest words said for it (and when)."""
+    one learner re-reads only theirs: their row, and per exercise and problem key the number of
+    failed attempts that named it."""
 
     learner: Learner
     attempts: int
-    keys: dict[tuple[str, str], dict[str, tuple[int, tuple[str, str, str], str]]]
+    keys: dict[tuple[str, str], Counter[str]]
 
 
 def learner_part(name: str, attempts: Iterable[Attempt]) -> LearnerPart:
     """`name`'s row from their attempts (in any order)."""
     learner: Learner | None = None
-    keys: dict[tuple[str, str], dict[str, tuple[int, tuple[str, str, str], str]]] = {}
+    keys: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     count = 0
     for a in sorted(attempts, key=lambda a: (a.time, a.received, a.id)):
         count += 1
@@ -103,33 +109,25 @@ def learner_part(name: str, attempts: Iterable[Attempt]) -> LearnerPart:
         cell.failed += 1
         cell.failed_since_pass += 1
         cell.last_mistake, cell.last_keys = a.message, a.keys
-        for key in a.keys:
-            seen = keys.setdefault(exercise, {}).get(key, (0, ("", "", ""), ""))
-            keys[exercise][key] = (seen[0] + 1, (a.time, a.received, a.id), a.message)
-    return LearnerPart(learner or Learner(name), count, keys)
+        keys[exercise].update(a.keys)
+    return LearnerPart(learner or Learner(name), count, dict(keys))
 
 
-def combine(parts: Iterable[LearnerPart], now: datetime) -> ClassView:
-    """The class from its learners' parts: stuck first, the most common mistakes."""
+def combine(parts: Iterable[LearnerPart], now: datetime, course: Course = COURSE) -> ClassView:
+    """The class from its learners' parts: stuck first, the most common mistakes in the course's
+    words."""
     parts = [p for p in parts if p.attempts]
     key_learners: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     key_attempts: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
-    key_words: dict[tuple[str, str], dict[str, tuple[tuple[str, str, str], str]]] = (
-        defaultdict(dict))
     for part in parts:
         for exercise, by_key in part.keys.items():
-            for key, (attempts, when, words) in by_key.items():
-                key_learners[exercise][key] += 1
-                key_attempts[exercise][key] += attempts
-                latest = key_words[exercise].get(key)
-                if latest is None or when > latest[0]:
-                    key_words[exercise][key] = (when, words)
+            key_learners[exercise].update(by_key.keys())
+            key_attempts[exercise].update(by_key)
     mistakes = {}
     for exercise, by_key in key_learners.items():
         key = min(by_key, key=lambda k: (-by_key[k], -key_attempts[exercise][k], k))
-        mistakes[exercise] = Mistake(
-            key, by_key[key], key_attempts[exercise][key], key_words[exercise][key][1]
-        )
+        mistakes[exercise] = Mistake(key, by_key[key], key_attempts[exercise][key],
+                                     course.words_for(exercise, key))
 
     def order(learner: Learner) -> tuple[int, float, str]:
         since = seconds_between(learner.last_pass or learner.first_seen, now)
@@ -141,12 +139,12 @@ def combine(parts: Iterable[LearnerPart], now: datetime) -> ClassView:
                      sum(p.attempts for p in parts))
 
 
-def class_view(attempts: Iterable[Attempt], now: datetime) -> ClassView:
+def class_view(attempts: Iterable[Attempt], now: datetime, course: Course = COURSE) -> ClassView:
     """Learners by exercises, ordered stuck first (see the module's docstring)."""
     by_user: dict[str, list[Attempt]] = defaultdict(list)
     for a in attempts:
         by_user[a.user].append(a)
-    return combine((learner_part(user, mine) for user, mine in by_user.items()), now)
+    return combine((learner_part(user, mine) for user, mine in by_user.items()), now, course)
 
 
 def ago(when: str, now: datetime) -> str:
@@ -167,11 +165,24 @@ def cell_html(cell: Cell | None) -> str:
     if cell.passed and not cell.failed_since_pass:
         return f'<td class="passed">passed<br><small>{tries}</small></td>'
     state = "failed again after a pass" if cell.passed else "failed"
+    sent = (f'<div class="sent" title="{SENT_TITLE}"><span class="from">their server sent:</span> '
+            f"<q>{e(cell.last_mistake)}</q></div>" if cell.last_mistake else "")
     return (
         f'<td class="failed">{state}<br><small>{tries}</small>'
-        f'<div class="keys">{e(", ".join(cell.last_keys))}</div>'
-        f'<div class="words">{e(cell.last_mistake)}</div></td>'
+        f'<div class="keys">{e(", ".join(cell.last_keys))}</div>{sent}</td>'
     )
+
+
+def course_words_html(words: tuple[str, ...]) -> str:
+    """The course's wordings of a mistake's key, as the summary quotes them."""
+    e = html.escape
+    if not words:
+        return ""
+    if len(words) == 1:
+        return f' <span class="course">The checker says: {e(words[0])}</span>'
+    said = "".join(f"<li>{e(w)}</li>" for w in words)
+    return (f' <span class="course">The checker says, depending on what the run found:</span>'
+            f'<ul class="course">{said}</ul>')
 
 
 def table_html(view: ClassView, now: datetime) -> str:
@@ -197,9 +208,9 @@ def table_html(view: ClassView, now: datetime) -> str:
             + "</tr>"
         )
     mistakes = "".join(
-        f"<li><b>{e(lesson)} · {e(name)}</b>: <code>{e(m.key)}</code>, {m.learners} "
-        f"learner{'s' if m.learners != 1 else ''}, {m.attempts} attempt"
-        f"{'s' if m.attempts != 1 else ''}: {e(m.words)}</li>"
+        f'<li data-exercise="{e(lesson)} {e(name)}"><b>{e(lesson)} · {e(name)}</b>: '
+        f"<code>{e(m.key)}</code>, {m.learners} learner{'s' if m.learners != 1 else ''}, "
+        f"{m.attempts} attempt{'s' if m.attempts != 1 else ''}.{course_words_html(m.words)}</li>"
         for (lesson, name), m in sorted(view.mistakes.items())
     )
     return (
@@ -207,7 +218,8 @@ def table_html(view: ClassView, now: datetime) -> str:
         f"attempts (updated {now:%H:%M:%S} UTC)</p>"
         f'<table id="grid"><thead><tr><th>learner</th>{head}</tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table>"
-        f'<h2>Most common mistake per exercise</h2><ul id="mistakes">{mistakes}</ul>'
+        f"<h2>Most common mistake per exercise</h2><p>{MISTAKES_NOTE}</p>"
+        f'<ul id="mistakes">{mistakes}</ul>'
     )
 
 
@@ -220,7 +232,8 @@ th, td {{ border: 1px solid #bbb; padding: .4rem .6rem; vertical-align: top; max
 td.passed {{ background: #d8f3dc; }} td.failed {{ background: #ffe0e0; }}
 td.none {{ color: #999; text-align: center; }}
 tr.stuck > th {{ background: #fff3bf; }}
-.keys {{ font-family: monospace; font-size: .85em; }} .words {{ font-size: .85em; }}
+.keys {{ font-family: monospace; font-size: .85em; }} .sent {{ font-size: .85em; }}
+.sent .from {{ color: #666; font-style: italic; }} ul.course {{ margin: .2rem 0; }}
 form {{ display: inline; }}
 .notice {{ background: #ffe0e0; padding: .5rem; border: 1px solid #c00; }}
 </style></head><body>
