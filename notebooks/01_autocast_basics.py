@@ -1,6 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     learner_minutes: 65
 #     memory:
 #       cpu: 3
 #       paper: 3
@@ -10,6 +11,7 @@
 #       smoke: 0.2
 #     needs: any device, CPU included (other devices' autocast lists are probed on fake
 #       tensors)
+#     track: core
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:
@@ -107,7 +109,7 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
         "eps (1 -> next)": fi.eps,
     })
 formats = pd.DataFrame(rows).set_index("dtype")
-formats.style.format("{:.3g}", subset=formats.columns[4:])
+formats.style.format("{:.3g}", subset=formats.columns[3:])  # largest value onwards
 
 # %%
 fp16 = formats.loc["fp16"]
@@ -124,11 +126,12 @@ assert (digits["fp16"], digits["bf16"], digits["fp32"]) == (3.3, 2.4, 7.2)
 fig = plot_dtype_ranges()
 
 # %% [markdown]
-# The orange part of each bar is the **subnormal** range: numbers below the smallest normal value
+# The olive part of each bar is the **subnormal** range: numbers below the smallest normal value
 # that can still be stored, with fewer and fewer significant bits. Below it, a value becomes zero.
 # That is the danger for fp16 training: gradients are often tiny (1e-6 to 1e-9), fp16's
 # smallest subnormal is 2^-24 (about 6e-8), and anything below half of that (about 3e-8) rounds
-# to zero.
+# to zero. Each dtype keeps its colour in every figure of the course: fp32 blue, fp16 orange,
+# bf16 green.
 
 # %%
 tiny, huge, fine = 1e-8, 70_000.0, 1 + 1 / 512

@@ -1,6 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     learner_minutes: 65
 #     memory:
 #       cpu: 846
 #       paper: 6741
@@ -10,6 +11,7 @@
 #       smoke: 0.2
 #     needs: any device, CPU included; fp16 gradients are measured on the GPU where
 #       there is one
+#     track: core
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:
@@ -118,9 +120,10 @@ assert flushed["below fp16 normal"].iloc[2] < flushed["below fp16 normal"].iloc[
 # %% [markdown]
 # Two losses: gradients flushed to exactly zero, and ones kept only as **subnormals** (below 2^-14
 # fp16 has fewer than its 11 significant bits, down to one at 2^-24); after scaling, almost none are
-# in either group. The histogram shows the true gradients and their scaled copies: below 2^-25 (half
-# the smallest subnormal, about 3e-8) they become 0 in fp16; times 2^16 the whole distribution moves
-# 16 binades up, into fp16's range.
+# in either group. The histogram shows the true gradients and their scaled copies over fp16's bands:
+# below 2^-25 (half the smallest subnormal, about 3e-8, shaded red) they become 0 in fp16; times
+# 2^16 the whole distribution moves 16 binades up, nearly all of it out of the olive subnormal band
+# into the grey normal one. The red line is fp16's largest value, 65504: past it a value is inf.
 
 # %%
 fig = plot_gradient_magnitudes(true_grads, SCALE, f"Activation gradients of ConvModel on a "
@@ -228,8 +231,8 @@ assert max(scales[INJECT_AT + 1:]) > scales[INJECT_AT + 1]  # and it grew again 
 print(f"skipped steps: {[s for s in range(N_STEPS) if skipped[s]]}; scale {scales[0]:g} -> "
       f"{scales[-1]:g}")
 fig = plot_scale_history(
-    scales, skipped, f"GradScaler: backoff x0.5 on overflow, growth x2 after {GROWTH_INTERVAL} "
-    "good steps", marked_step=INJECT_AT)
+    scales, f"GradScaler: backoff x0.5 on overflow, growth x2 after {GROWTH_INTERVAL} good steps",
+    skipped=skipped, marked_step=INJECT_AT)
 
 # %% [markdown]
 # ### The four parameters, and when to change them
@@ -367,7 +370,7 @@ assert not wrong["loss"].equals(right["loss"])  # a different training run
 # %%
 fig = plot_losses({order: run["update"].tolist() for order, run in adam_runs.items()},
                   f"Adam, fp16, max_norm = {spike_norm:.3g}: size of each step",
-                  xlabel="training step", ylabel="weight update norm (2-norm, log scale)")
+                  xlabel="training step", ylabel="weight update norm (2-norm)", dtype="fp16")
 print(f"update norm, first -> last step: unscale_ first {right['update'].iloc[0]:.3g} -> "
       f"{right['update'].iloc[-1]:.3g}, clip first {wrong['update'].iloc[0]:.3g} -> "
       f"{wrong['update'].iloc[-1]:.3g}")

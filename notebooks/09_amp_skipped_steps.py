@@ -1,6 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     learner_minutes: 25
 #     memory:
 #       cpu: 146
 #       paper: 1030
@@ -9,6 +10,7 @@
 #       small: 0.2
 #       smoke: 0.2
 #     needs: any device, CPU included
+#     track: advanced
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:
@@ -39,7 +41,6 @@
 import inspect
 import warnings
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
@@ -50,6 +51,7 @@ from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, select_device
 from amp_tutorial.gradients import snapshot, update_norm
 from amp_tutorial.models import ConvModel
+from amp_tutorial.plots import plot_scale_history
 from amp_tutorial.presets import fp16_width, get_preset
 
 info = select_device()
@@ -187,48 +189,51 @@ assert torch.optim.Adam(weight, fused=True)._step_supports_amp_scaling  # fused:
 # A scale that keeps falling is the signature of a different problem: the forward pass produces
 # inf or NaN at **every** step, so every step is skipped and the scale halves each time. Here the
 # inputs are not normalised (multiplied by 10^5), so float16 activations overflow (float16's
-# largest value is 65504):
+# largest value is 65504). Beside it, the same model and steps on the normal inputs:
 
 # %%
 COLLAPSE_STEPS = 30
-model = new_model()
-optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-scaler = torch.amp.GradScaler(fp16_device.type)
 small_inputs, small_targets = make_problem(32, fp16_device)
-bad_inputs = small_inputs * 1e5  # un-normalised data
-start = snapshot(model.parameters())
-scales, finite_losses = [], []
-for _ in range(COLLAPSE_STEPS):
-    optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(fp16_device.type, dtype=torch.float16):
-        loss = F.mse_loss(model(bad_inputs), small_targets)
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
-    scales.append(scaler.get_scale())
-    finite_losses.append(bool(torch.isfinite(loss)))
+
+
+def scale_history(batch: torch.Tensor) -> tuple[list[float], list[bool], float]:
+    """fp16 AMP steps from seed-0 weights: scale at start and after each update(), finite losses."""
+    model = new_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler(fp16_device.type)
+    start = snapshot(model.parameters())
+    scales, finite = [scaler.get_scale()], []
+    for _ in range(COLLAPSE_STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(fp16_device.type, dtype=torch.float16):
+            loss = F.mse_loss(model(batch), small_targets)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        scales.append(scaler.get_scale())  # after update(): the scale the next step will use
+        finite.append(bool(torch.isfinite(loss)))
+    return scales, finite, update_norm(start, model.parameters())
+
+
+healthy, healthy_finite, _ = scale_history(small_inputs)
+scales, finite_losses, moved = scale_history(small_inputs * 1e5)  # un-normalised data
 
 # %%
-print(f"scale after {COLLAPSE_STEPS} steps: {scales[-1]:.3g}; finite losses: {sum(finite_losses)}")
+print(f"scale after {COLLAPSE_STEPS} steps: {scales[-1]:.3g} (healthy run: {healthy[-1]:g}); "
+      f"finite losses: {sum(finite_losses)} (healthy run: {sum(healthy_finite)})")
 assert not any(finite_losses)  # the loss itself is not finite: a forward-pass problem
 assert scales[-1] == 2.0**16 * 0.5**COLLAPSE_STEPS < 1e-4  # halved at every single step
-assert update_norm(start, model.parameters()) == 0.0  # and the model never trained
-
-fig, ax = plt.subplots(figsize=(8, 3.5))
-ax.plot(range(1, N_STEPS + 1), np.log2(naive_log["scale used"].to_numpy() / 2), marker="o",
-        label="healthy run (normal inputs)")
-ax.plot(range(1, COLLAPSE_STEPS + 1), np.log2(scales), marker=".",
-        label="collapsing run (inf in every forward pass)")
-ax.set(title="GradScaler scale after each step", xlabel="training step",
-       ylabel="scale (log2)")
-ax.legend(fontsize=8)
-ax.grid(alpha=0.3)
-fig.tight_layout()
+assert moved == 0.0  # and the model never trained
+assert all(healthy_finite) and healthy[-1] >= 2.0**10  # same steps, normal inputs: it settles
+fig = plot_scale_history({"healthy run (normal inputs)": healthy,
+                          "collapsing run (inf in every forward pass)": scales},
+                         "GradScaler scale after each update(), same model and steps")
 
 # %% [markdown]
-# (The healthy curve is drawn from the `scale used` log shifted by one step, close enough for a
-# picture.) Lowering the scale can fix an overflow **in the gradients**; it cannot fix an inf in
-# the **loss**, which is computed before any scaling. So: if `scaler.get_scale()` falls below
+# Both runs start from the same weights and take the same steps; each point is `scaler.get_scale()`
+# read right after that step's `update()`, and a red dot marks a skipped step. Lowering the scale
+# can fix an overflow **in the gradients**; it cannot fix an inf in the **loss**, which is
+# computed before any scaling. So: if `scaler.get_scale()` falls below
 # about 1 and keeps falling, stop and look at the forward pass (lesson 08's "The loss is inf or
 # NaN" section finds the first module that produced it); typical causes are unnormalised inputs,
 # a large logit exponentiated in float16, or a division by a tiny number. Checking

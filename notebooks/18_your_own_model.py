@@ -1,6 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     learner_minutes: 25
 #     memory:
 #       cpu: 571
 #       paper: 7004
@@ -9,6 +10,7 @@
 #       small: 0.3
 #       smoke: 0.3
 #     needs: 'any device, CPU included; TF32 advice: NVIDIA compute capability 8.0+'
+#     track: core
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:
@@ -124,7 +126,7 @@ ops
 
 # %%
 fig = plot_losses(tf_report.losses, title="Transformer: fp32 and AMP from the same weights",
-                  ylabel="cross-entropy (log scale)")
+                  ylabel="cross-entropy")
 print(f"outputs: {tf_report.output_rel_diff:.2e} relative difference; loss curves: "
       f"{tf_report.loss_rel_gap:.2e} at most")
 payoff = pd.concat({name: pd.DataFrame(r.payoff_rows()) for name, r in
@@ -205,7 +207,7 @@ assert fixed.first_nonfinite is None and fixed.agrees, (fixed.output_rel_diff, f
 print(f"fixed: outputs differ by {fixed.output_rel_diff:.2e} (relative), loss curves by "
       f"{fixed.loss_rel_gap:.2e}")
 fig = plot_losses(fixed.losses, title="Raw-counts model, stem.0 in fp32: fp32 and fp16 agree",
-                  ylabel="MSE loss (log scale)")
+                  ylabel="MSE loss")
 
 # %% [markdown]
 # ## 5. Bad input gets one plain line

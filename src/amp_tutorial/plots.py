@@ -1,15 +1,102 @@
-"""The figures the lessons share: titled, labelled, one idea per figure."""
+"""The figures the lessons share: titled, labelled, one idea per figure, one colour per dtype.
+
+Every run is coloured from ``PALETTE`` by the dtype its label names (``colour_for``), so fp32 is
+the same blue in a loss curve, a bar and a histogram, in every lesson. ``MARKS`` colours what is
+not a run: values lost (flushed to 0, overflowed, a skipped step) and fp16's number bands.
+"""
 
 from __future__ import annotations
 
+import re
+import textwrap
 from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+PALETTE: dict[str, str] = {  # one colour per dtype (matplotlib's tab10, colour-blind ordered)
+    "fp32": "#1f77b4",  # blue
+    "tf32": "#17becf",  # cyan
+    "fp16": "#ff7f0e",  # orange
+    "bf16": "#2ca02c",  # green
+    "float8_e4m3fn": "#9467bd",  # purple
+    "float8_e5m2": "#e377c2",  # pink
+    "compiled": "#8c564b",  # brown: a torch.compile run, whatever its dtype
+    "other": "#7f7f7f",  # grey: a run whose label names no dtype
+}
+MARKS: dict[str, str] = {  # colours of things that are not runs
+    "lost": "#d62728",  # red: flushed to 0, overflowed to inf, a skipped step
+    "subnormal": "#bcbd22",  # olive: fp16's subnormal band (fewer significant bits)
+    "normal": "#7f7f7f",  # grey: fp16's normal band
+}
+
+# how labels name each dtype; the earliest name in a label wins ("AMP bf16 (fp32 weights)": bf16)
+_NAMES = {
+    "float8_e4m3fn": r"e4m3|\bfp8\b|\bfloat8\b",  # plain "FP8": e4m3, the forward format
+    "float8_e5m2": r"e5m2",
+    "tf32": r"\btf32\b",
+    "bf16": r"\bbf16\b|bfloat16",
+    "fp16": r"\bfp16\b|(?<!b)float16|\bhalf\b",
+    "fp32": r"\bfp32\b|float32",
+}
+
+
+def palette_key(run: str | torch.dtype, default: str | torch.dtype | None = None) -> str:
+    """The ``PALETTE`` entry of a run: ``"compiled"`` if its label says so, else the first dtype
+    it names ("AMP bf16", "your AMP loop (bfloat16)", torch.float16), else ``default``'s, else
+    ``"other"``."""
+    label = str(run).replace("torch.", "").lower()
+    if "compiled" in label:
+        return "compiled"
+    found = [(m.start(), key) for key, pattern in _NAMES.items()
+             if (m := re.search(pattern, label))]
+    if found:
+        return min(found)[1]
+    return palette_key(default) if default is not None else "other"
+
+
+def colour_for(run: str | torch.dtype, default: str | torch.dtype | None = None) -> str:
+    """The palette colour of a run's label or dtype (see ``palette_key``)."""
+    return PALETTE[palette_key(run, default)]
+
+
+def use_log_scale(values: Sequence[float] | np.ndarray) -> bool:
+    """Log axis only when the finite values are all positive and span more than one decade."""
+    finite = np.asarray(values, dtype=float)
+    finite = finite[np.isfinite(finite)]
+    return bool(finite.size and finite.min() > 0 and finite.max() / finite.min() > 10)
+
+
+def _line_styles(names: Sequence[str], default: str | torch.dtype | None) -> list[dict]:
+    """Reference run (the first fp32 one, else the first) solid and wide; the others dashed with
+    sparse markers, staggered, so a run identical to another still shows as two lines."""
+    keys = [palette_key(n, default) for n in names]
+    reference = keys.index("fp32") if "fp32" in keys else 0
+    dashes, markers = ["--", "-.", ":"], ["o", "s", "^", "D", "v"]
+    styles, drawn_over = [], 0
+    for i, key in enumerate(keys):
+        if i == reference:
+            alone = len(keys) == 1  # nothing to draw over it: an ordinary line
+            styles.append({"color": PALETTE[key], "ls": "-", "lw": 2 if alone else 4,
+                           "alpha": 1 if alone else 0.5, "zorder": 2})
+            continue
+        styles.append({"color": PALETTE[key], "ls": dashes[drawn_over % 3], "lw": 1.6,
+                       "zorder": 3, "marker": markers[drawn_over % 5], "ms": 5, "mfc": "none"})
+        drawn_over += 1
+    return styles
+
+
+def _sparse_markers(style: dict, n: int, index: int) -> dict:
+    """About eight markers on a line of ``n`` points, shifted by run so no two runs' coincide."""
+    if "marker" not in style:
+        return style
+    every = max(1, n // 8)
+    return {**style, "markevery": (index * every // 3 % every, every)}
 
 
 def plot_dtype_ranges(dtypes: Sequence[torch.dtype] = FLOAT_DTYPES) -> Figure:
@@ -17,16 +104,19 @@ def plot_dtype_ranges(dtypes: Sequence[torch.dtype] = FLOAT_DTYPES) -> Figure:
     """
     from amp_tutorial.device import dtype_name
 
-    fig, ax = plt.subplots(figsize=(9, 3))
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(dtypes) + 1.65))
     for row, dtype in enumerate(dtypes):
         fi = torch.finfo(dtype)
         low, normal, high = np.log2([fi.smallest_normal * fi.eps, fi.smallest_normal, fi.max])
-        ax.plot([low, normal], [row, row], color="tab:orange", lw=6, solid_capstyle="butt",
-                label="subnormal" if row == 0 else None)
-        ax.plot([normal, high], [row, row], color="tab:blue", lw=6, solid_capstyle="butt",
-                label="normal" if row == 0 else None)
+        ax.plot([low, normal], [row, row], color=MARKS["subnormal"], lw=7, solid_capstyle="butt",
+                label="subnormal (fewer significant bits)" if row == 0 else None)
+        ax.plot([normal, high], [row, row], color=colour_for(dtype), lw=7,
+                solid_capstyle="butt", label="normal (in the dtype's colour)" if row == 0 else None)
         ax.text(high + 3, row, f"eps = 2^{int(np.log2(fi.eps))}", va="center", fontsize=8)
     ax.set_yticks(range(len(dtypes)), [dtype_name(d) for d in dtypes])
+    for tick, dtype in zip(ax.get_yticklabels(), dtypes, strict=True):
+        tick.set_color(colour_for(dtype))
+    ax.set_ylim(len(dtypes) - 0.4, -0.6)  # first dtype on top
     ax.set_xlabel("magnitude (log2 scale, powers of two)")
     ax.set_title("Representable magnitudes by dtype")
     ax.legend(loc="upper left", bbox_to_anchor=(1.12, 1.0), fontsize=8)
@@ -48,13 +138,16 @@ def plot_image(image: torch.Tensor | np.ndarray, title: str) -> Figure:
 
 
 def plot_outputs(images: Mapping[str, torch.Tensor | np.ndarray], title: str) -> Figure:
-    """Images side by side on one colour scale: the target next to each run's prediction.
+    """Images side by side on one colour scale: the target next to each run's prediction (each
+    run's title in its palette colour).
     """
     fig, axes = plt.subplots(1, len(images), figsize=(3.3 * len(images), 3.4), squeeze=False)
     for ax, (name, image) in zip(axes[0], images.items(), strict=True):
         ax.imshow(_as_2d(image), cmap="viridis", origin="lower", extent=(0, 1, 0, 1),
                   vmin=0, vmax=1)
-        ax.set(title=name, xlabel="x (normalised)")
+        key = palette_key(name)
+        ax.set(xlabel="x (normalised)")
+        ax.set_title(name, color=PALETTE[key] if key != "other" else "black")
     axes[0][0].set_ylabel("y (normalised)")
     fig.suptitle(title)
     fig.tight_layout()
@@ -62,29 +155,50 @@ def plot_outputs(images: Mapping[str, torch.Tensor | np.ndarray], title: str) ->
 
 
 def plot_losses(histories: Mapping[str, Sequence[float]], title: str = "Training loss",
-                xlabel: str = "step", ylabel: str = "MSE loss (log scale)") -> Figure:
-    """Loss per step (or per ``xlabel``, e.g. epoch) for each run, log scale; pass ``ylabel`` for
-    another loss (the transformer's cross-entropy).
+                xlabel: str = "step", ylabel: str = "MSE loss",
+                dtype: str | torch.dtype | None = None) -> Figure:
+    """Loss per step (or per ``xlabel``, e.g. epoch) for each run, coloured by its dtype (``dtype``
+    for labels that name none); the fp32 run solid, the others dashed with markers, so identical
+    curves show as two. Log y axis only over more than a decade (the label then says so).
     """
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for name, losses in histories.items():
-        ax.plot(range(1, len(losses) + 1), losses, label=name)
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel, yscale="log")
-    ax.legend()
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    names = list(histories)
+    for i, (name, style) in enumerate(zip(names, _line_styles(names, dtype), strict=True)):
+        losses = [float(v) for v in histories[name]]
+        ax.plot(range(1, len(losses) + 1), losses, label=name,
+                **_sparse_markers(style, len(losses), i))
+    log = use_log_scale([float(v) for h in histories.values() for v in h])
+    ax.set(title=title, xlabel=xlabel, ylabel=_scale_label(ylabel, log),
+           yscale="log" if log else "linear")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
 
 
+def _scale_label(label: str, log: bool) -> str:
+    """``label`` saying "log scale" exactly when the axis is: "loss (2-norm, log scale)"."""
+    label = re.sub(r",\s*log scale", "", re.sub(r"\s*\(log scale\)", "", label))
+    if not log:
+        return label
+    return f"{label[:-1]}, log scale)" if label.endswith(")") else f"{label} (log scale)"
+
+
 def plot_bars(values: Mapping[str, Mapping[str, float]], title: str) -> Figure:
-    """One panel per metric (e.g. 'time per step (ms)'), one bar per run, value printed on top.
+    """One panel per metric (e.g. 'time per step (ms)'), one bar per run in its dtype's colour
+    (hatched where two runs share one), value printed on top.
     """
     metrics = list(values)
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.3), squeeze=False)
     for ax, metric in zip(axes[0], metrics, strict=True):
         runs = values[metric]
-        bars = ax.bar(list(runs), list(runs.values()),
-                      color=["tab:gray", "tab:blue", "tab:green", "tab:orange"][: len(runs)])
+        colours = [colour_for(run) for run in runs]
+        hatches = ["", "//", "..", "xx"]
+        bars = ax.bar(range(len(runs)), list(runs.values()), color=colours, edgecolor="white",
+                      hatch=[hatches[colours[:i].count(c) % 4] for i, c in enumerate(colours)])
+        ax.set_xticks(range(len(runs)),
+                      [textwrap.fill(run, 9, break_long_words=False) for run in runs])
         ax.bar_label(bars, fmt="%.3g")
         ax.set(title=metric, ylabel=metric)
         ax.margins(y=0.15)
@@ -99,65 +213,116 @@ def _as_2d(image: torch.Tensor | np.ndarray) -> np.ndarray:
     return np.asarray(image).reshape(image.shape[-2], image.shape[-1])
 
 
+def _lowest_input_precision(input_dtypes: str) -> str:
+    """The palette key of the narrowest float among an op's input dtypes ("bf16, fp32" -> bf16);
+    fp32 when none is narrower."""
+    for key in ("float8_e4m3fn", "float8_e5m2", "fp16", "bf16"):
+        if any(palette_key(d) == key for d in input_dtypes.split(",")):
+            return key
+    return "fp32"
+
+
+def _short_op(name: str, width: int = 30) -> str:
+    """An op's name without its argument list, a long one on two lines at the ``_`` nearest the
+    middle: "aten::_scaled_dot_product_flash" / "_attention_for_cpu_backward"."""
+    name = name.split("(")[0].strip()
+    cuts = [i for i, c in enumerate(name) if c == "_" and 0 < i]
+    if len(name) <= width or not cuts:
+        return name
+    cut = min(cuts, key=lambda i: abs(i - len(name) / 2))
+    return f"{name[:cut]}\n{name[cut:]}"
+
+
 def plot_op_times(rows: Sequence[Mapping[str, object]], title: str, top: int = 15) -> Figure:
-    """Self time of the ``top`` ops of a profiled step, one bar per (op, input dtypes), coloured by
-    whether any input was low precision (rows from ``measure.op_dtype_rows``).
+    """Self time of the ``top`` ops of a profiled step, one bar per (op, input dtypes) labelled
+    with the op's short name and coloured by its narrowest input dtype (rows from
+    ``measure.op_dtype_rows``).
     """
     shown = list(rows)[:top][::-1]
-    colours = ["tab:green" if any(d in str(r["input dtypes"]) for d in ("bf16", "fp16"))
-               else "tab:gray" for r in shown]
-    fig, ax = plt.subplots(figsize=(8, 0.32 * len(shown) + 1.5))
-    ax.barh([f"{r['op']} ({r['input dtypes']})" for r in shown],
-            [float(r["self time (us)"]) / 1e3 for r in shown], color=colours)
-    ax.set(title=title, xlabel="self time in the step (ms)")
-    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color="tab:green"),
-                       plt.Rectangle((0, 0), 1, 1, color="tab:gray")],
-              labels=["low-precision input", "float32 inputs only"], fontsize=8, loc="lower right")
-    ax.tick_params(axis="y", labelsize=7)
+    keys = [_lowest_input_precision(str(r["input dtypes"])) for r in shown]
+    fig, ax = plt.subplots(figsize=(9, 0.34 * len(shown) + 1.6))
+    ax.barh(range(len(shown)), [float(r["self time (us)"]) / 1e3 for r in shown],
+            color=[PALETTE[k] for k in keys])
+    ax.set_yticks(range(len(shown)), [_short_op(str(r["op"])) for r in shown])
+    ax.set(title=textwrap.fill(title, 80), xlabel="self time in the step (ms)")
+    present = [k for k in PALETTE if k in keys]
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=PALETTE[k]) for k in present],
+              labels=[f"{k} inputs" if k != "fp32" else "no 16- or 8-bit input" for k in present],
+              title="narrowest input", fontsize=8, title_fontsize=8, loc="lower right")
+    ax.tick_params(axis="y", labelsize=8)
+    ax.margins(y=0.01)
     fig.tight_layout()
     return fig
 
 
 def plot_gradient_magnitudes(grads: torch.Tensor, scale: float, title: str) -> Figure:
-    """Histogram of log2 |gradient| (zeros left out), and the same times ``scale``, against
-    float16's smallest subnormal and normal numbers and the band that rounds to 0.
+    """Histogram of log2 |gradient| (zeros left out), and the same times ``scale``, over float16's
+    bands: flushed to 0, subnormal, normal, and the overflow line at its largest value.
     """
     fp16 = torch.finfo(torch.float16)
     subnormal, normal = fp16.smallest_normal * fp16.eps, fp16.smallest_normal
+    flush, low, top = np.log2(subnormal / 2), np.log2(normal), np.log2(fp16.max)
     magnitudes = np.log2(grads[grads != 0].abs().float().cpu().numpy())
     shift = np.log2(scale)
-    bins = np.arange(np.floor(magnitudes.min()), np.ceil(magnitudes.max()) + shift + 1, 0.5)
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    ax.hist(magnitudes, bins=bins, alpha=0.7, label="true gradients (fp32)")
-    ax.hist(magnitudes + shift, bins=bins, alpha=0.7,
+    bins = np.arange(np.floor(min(magnitudes.min(), flush - 2)),
+                     max(np.ceil(magnitudes.max()) + shift, np.ceil(top) + 2) + 1, 0.5)
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    ax.axvspan(bins[0], flush, color=MARKS["lost"], alpha=0.12, lw=0,
+               label="flushed: rounds to 0 in fp16 (below 2^-25)")
+    ax.axvspan(flush, low, color=MARKS["subnormal"], alpha=0.2, lw=0,
+               label="fp16 subnormal (2^-25 to 2^-14, fewer bits)")
+    ax.axvspan(low, top, color=MARKS["normal"], alpha=0.1, lw=0,
+               label="fp16 normal (2^-14 to 65504, 11 bits)")
+    ax.axvline(top, color=MARKS["lost"], lw=2, label="overflow: fp16 max 65504, inf above")
+    ax.hist(magnitudes, bins=bins, alpha=0.75, color=PALETTE["fp32"],
+            label="true gradients (fp32)")
+    ax.hist(magnitudes + shift, bins=bins, alpha=0.75, color=PALETTE["fp16"],
             label=f"x 2^{shift:g} (what GradScaler feeds fp16)")
-    ax.axvspan(bins[0], np.log2(subnormal / 2), color="tab:red", alpha=0.12,
-               label="rounds to 0 in fp16 (below 2^-25)")
-    ax.axvline(np.log2(subnormal), color="tab:red", ls="--", label="fp16 smallest subnormal")
-    ax.axvline(np.log2(normal), color="tab:orange", ls="--", label="fp16 smallest normal")
-    ax.set(title=title, xlabel="gradient magnitude (log2; -24 is about 6e-8)",
+    ax.set_xlim(bins[0], bins[-1])
+    ax.set(title=title, xlabel="gradient magnitude (log2; -24 is about 6e-8, 16 about 65536)",
            ylabel="number of gradient values")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return fig
 
 
-def plot_scale_history(scales: Sequence[float], skipped: Sequence[bool], title: str,
+def plot_scale_history(scales: Mapping[str, Sequence[float]] | Sequence[float], title: str,
+                       skipped: Sequence[bool] | None = None,
                        marked_step: int | None = None) -> Figure:
-    """A GradScaler's scale per step (log2) with the skipped steps marked.
+    """A GradScaler's scale (log2) per run: ``scales`` is ``[scale at the start, get_scale()
+    after step 0's update(), after step 1's, ...]``, drawn at x = start, 0, 1, ...
 
-    ``scales`` has one entry per step (the scale that step used) plus the final one;
-    ``marked_step`` draws a vertical line, e.g. where an inf was injected.
+    Skipped steps (the update lowered the scale, or ``skipped`` for a single run) are marked;
+    ``marked_step`` draws a vertical line at that step, e.g. where an inf was injected.
     """
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    ax.step(range(len(scales)), np.log2(scales), where="post", label="scale used by the step")
-    skips = [s for s, skip in enumerate(skipped) if skip]
-    ax.scatter(skips, np.log2([scales[s] for s in skips]), color="tab:red", zorder=3,
-               label="skipped step (inf/NaN gradient)")
+    runs = dict(scales) if isinstance(scales, Mapping) else {"scale after update()": scales}
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    names = list(runs)
+    marked = False
+    for name, style in zip(names, _line_styles(names, "fp16"), strict=True):
+        values = np.log2(np.asarray(runs[name], dtype=float))
+        steps = np.arange(-1, len(values) - 1)
+        style = {k: v for k, v in style.items() if k not in ("marker", "ms", "mfc")}
+        ax.plot(steps, values, label=name, drawstyle="steps-post", **style)
+        drops = (list(skipped) if skipped is not None and len(runs) == 1
+                 else list(values[1:] < values[:-1]))
+        hits = [s for s, skip in enumerate(drops) if skip]
+        if hits:
+            ax.scatter(hits, values[[s + 1 for s in hits]], color=MARKS["lost"], s=18, zorder=4,
+                       label=None if marked else "skipped step (inf/NaN gradient): scale lowered")
+            marked = True
     if marked_step is not None:
-        ax.axvline(marked_step, color="tab:red", ls=":", label="inf injected")
-    ax.set(title=title, xlabel="training step", ylabel="scale (log2)")
+        ax.axvline(marked_step, color=MARKS["lost"], ls=":", label=f"inf injected (step "
+                   f"{marked_step})")
+    n = max(len(v) for v in runs.values()) - 1
+    ticks = [t for t in MaxNLocator(nbins=10, integer=True).tick_values(0, n - 1)
+             if n / 15 - 1 < t < n]  # none beside "start"
+    ax.set_xticks([-1, *ticks], ["start", *(f"{t:g}" for t in ticks)])
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(title=title, xlabel="training step (the scale its update() left)",
+           ylabel="scale (log2)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+

@@ -1,12 +1,26 @@
-"""Every shared figure has a title and labelled axes, and shows what it is given."""
+"""Every shared figure has a title and labelled axes, shows what it is given, and takes its
+colours from the one palette (a dtype keeps its colour in every figure)."""
+
+import inspect
 
 import matplotlib
 
 matplotlib.use("agg")
 
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 import torch  # noqa: E402
+from matplotlib.colors import to_rgb  # noqa: E402
 
 from amp_tutorial import plots  # noqa: E402
+from amp_tutorial.plots import MARKS, PALETTE, colour_for, palette_key, use_log_scale  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
 
 
 def _labels(fig):
@@ -14,50 +28,231 @@ def _labels(fig):
             if ax.get_label() != "<colorbar>"]
 
 
+# --- the palette -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("run", "key"), [
+    ("fp32", "fp32"), ("fp32 (TF32 convolutions)", "fp32"), ("fp32 (strict, TF32 off)", "fp32"),
+    ("TF32", "tf32"), ("AMP bf16", "bf16"), ("AMP fp16", "fp16"), ("eager bf16", "bf16"),
+    ("your AMP loop (bfloat16)", "bf16"), ("your AMP loop (float16)", "fp16"),
+    ("compiled AMP bf16", "compiled"), ("compiled fp32", "compiled"),
+    ("AMP bf16 (fp32 weights)", "bf16"), ("pure bf16 (bf16 weights)", "bf16"),
+    ("c10::Float8_e4m3fn", "float8_e4m3fn"), ("float8_e5m2", "float8_e5m2"),
+    ("FP8 training", "float8_e4m3fn"), ("unscale_ then clip", "other"),
+    (torch.float32, "fp32"), (torch.float16, "fp16"), (torch.bfloat16, "bf16"),
+    (torch.float8_e4m3fn, "float8_e4m3fn"), (torch.float8_e5m2, "float8_e5m2"),
+])
+def test_a_label_or_dtype_maps_to_its_palette_entry(run, key):
+    assert palette_key(run) == key
+    assert colour_for(run) == PALETTE[key]
+
+
+def test_a_label_that_names_no_dtype_takes_the_default():
+    assert colour_for("healthy run", default="fp16") == PALETTE["fp16"]
+    assert colour_for("healthy run", default=torch.bfloat16) == PALETTE["bf16"]
+    assert colour_for("AMP bf16", default="fp16") == PALETTE["bf16"]  # the label wins
+
+
+def test_every_palette_entry_and_mark_has_its_own_colour():
+    runs = [to_rgb(c) for c in PALETTE.values()]
+    assert len(set(runs)) == len(runs)
+    assert not {to_rgb(MARKS["lost"]), to_rgb(MARKS["subnormal"])} & set(runs)
+
+
+# --- every helper draws in palette colours -----------------------------------------------------
+
+ROWS = [{"op": "aten::addmm", "input dtypes": "bf16, bf16, bf16", "self time (us)": 3000.0},
+        {"op": "aten::native_layer_norm_backward", "input dtypes": "fp32, fp32, fp32, fp32, fp32",
+         "self time (us)": 2000.0},
+        {"op": "aten::_scaled_mm", "input dtypes": "c10::Float8_e4m3fn, c10::Float8_e4m3fn",
+         "self time (us)": 1000.0},
+        {"op": "aten::mm", "input dtypes": "fp16, fp32", "self time (us)": 500.0}]
+IMAGE = torch.rand(1, 1, 8, 8)
+SAMPLES = {  # small inputs for each public plotting helper
+    "plot_dtype_ranges": lambda: plots.plot_dtype_ranges(
+        (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)),
+    "plot_image": lambda: plots.plot_image(IMAGE, "target"),
+    "plot_outputs": lambda: plots.plot_outputs(
+        {"target": IMAGE, "fp32": IMAGE, "AMP bf16": IMAGE}, "outputs"),
+    "plot_losses": lambda: plots.plot_losses(
+        {"fp32": [1.0, 0.5, 0.2], "AMP bf16": [1.0, 0.5, 0.2], "AMP fp16": [1.0, 0.6, 0.3]}),
+    "plot_bars": lambda: plots.plot_bars(
+        {"time (ms)": {"eager fp32": 2.0, "eager bf16": 1.0, "compiled fp32": 1.5,
+                       "compiled bf16": 0.8}}, "bars"),
+    "plot_op_times": lambda: plots.plot_op_times(ROWS, "ops"),
+    "plot_gradient_magnitudes": lambda: plots.plot_gradient_magnitudes(
+        torch.tensor([2.0**-30, 2.0**-20, 0.0, -(2.0**-10)]), 2.0**16, "gradients"),
+    "plot_scale_history": lambda: plots.plot_scale_history(
+        {"healthy": [8.0, 8.0, 16.0], "collapsing": [8.0, 4.0, 2.0]}, "scale"),
+}
+ALLOWED = {to_rgb(c) for c in [*PALETTE.values(), *MARKS.values()]}
+
+
+def drawn_colours(fig) -> set[tuple[float, float, float]]:
+    """The RGB of every line, marker, bar, shaded band and scatter point in ``fig``'s axes, and of
+    any title drawn in colour (legends and images are not counted)."""
+    found = set()
+    for ax in [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]:  # a colour map's scale
+        for line in ax.get_lines():
+            found.add(to_rgb(line.get_color()))
+            if line.get_marker() not in ("None", "", None) and line.get_markerfacecolor() != "none":
+                found.add(to_rgb(line.get_markerfacecolor()))
+        for patch in ax.patches:
+            if patch.get_visible() and patch.get_fill() and patch.get_facecolor()[3] > 0:
+                found.add(to_rgb(patch.get_facecolor()))
+        for collection in ax.collections:
+            found |= {tuple(c[:3]) for c in collection.get_facecolors() if c[3] > 0}
+            if not len(collection.get_facecolors()):
+                found |= {tuple(c[:3]) for c in collection.get_edgecolors()}
+        if to_rgb(ax.title.get_color()) != (0.0, 0.0, 0.0):
+            found.add(to_rgb(ax.title.get_color()))
+    return found
+
+
+def test_every_public_plotting_helper_has_a_sample_here():
+    helpers = {name for name, fn in inspect.getmembers(plots, inspect.isfunction)
+               if name.startswith("plot_") and fn.__module__ == plots.__name__}
+    assert helpers == set(SAMPLES), "draw the new helper in SAMPLES, so its colours are checked"
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_every_helper_takes_its_colours_from_the_palette(name):
+    colours = drawn_colours(SAMPLES[name]())
+    if name != "plot_image":  # the one figure that is only an image with a colour bar
+        assert colours, f"{name} drew nothing in colour"
+    assert colours <= ALLOWED, f"{name} drew colours outside the palette: {colours - ALLOWED}"
+
+
+def test_the_colour_check_catches_a_colour_outside_the_palette():
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], color=PALETTE["fp32"])
+    ax.bar([0], [1], color="tab:olive")  # close to, but not, the subnormal mark
+    assert drawn_colours(fig) - ALLOWED == {to_rgb("tab:olive")} - ALLOWED
+    ax.plot([1, 2], color="magenta")
+    assert to_rgb("magenta") in drawn_colours(fig) - ALLOWED
+
+
+def test_one_dtype_has_one_colour_in_lines_bars_and_histograms():
+    losses = plots.plot_losses({"fp32": [1.0, 0.5], "AMP bf16": [1.0, 0.4]}).axes[0]
+    bars = plots.plot_bars({"t": {"fp32": 2.0, "AMP bf16": 1.0}}, "b").axes[0]
+    grads = plots.plot_gradient_magnitudes(torch.tensor([2.0**-20]), 2.0**4, "g").axes[0]
+    fp32, bf16 = to_rgb(PALETTE["fp32"]), to_rgb(PALETTE["bf16"])
+    assert [to_rgb(line.get_color()) for line in losses.get_lines()] == [fp32, bf16]
+    assert [to_rgb(p.get_facecolor()) for p in bars.patches] == [fp32, bf16]
+    true_bars, scaled_bars = grads.containers
+    assert to_rgb(true_bars[0].get_facecolor()) == fp32
+    assert to_rgb(scaled_bars[0].get_facecolor()) == to_rgb(PALETTE["fp16"])
+
+
+# --- what each figure shows --------------------------------------------------------------------
+
 def test_dtype_ranges_has_one_row_per_dtype():
     fig = plots.plot_dtype_ranges()
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["fp32", "fp16", "bf16"]
     assert ax.get_title() and "log2" in ax.get_xlabel()
+    normal = [to_rgb(line.get_color()) for line in ax.get_lines()][1::2]  # subnormal, normal
+    assert normal == [to_rgb(colour_for(d)) for d in (torch.float32, torch.float16, torch.bfloat16)]
 
 
 def test_image_and_outputs():
-    image = torch.rand(1, 1, 8, 8)
-    fig = plots.plot_image(image, "target")
+    fig = plots.plot_image(IMAGE, "target")
     assert fig._suptitle.get_text() == "target"
     assert _labels(fig)[0][1:] == ("x (normalised)", "y (normalised)")
-    fig = plots.plot_outputs({"target": image, "fp32": image[0, 0]}, "side by side")
+    fig = plots.plot_outputs({"target": IMAGE, "fp32": IMAGE[0, 0]}, "side by side")
     assert [ax.get_title() for ax in fig.axes] == ["target", "fp32"]
     assert fig._suptitle.get_text() == "side by side"
+    assert to_rgb(fig.axes[1].title.get_color()) == to_rgb(PALETTE["fp32"])
 
 
-def test_losses_one_line_per_run():
-    fig = plots.plot_losses({"fp32": [1.0, 0.5], "bf16": [1.0, 0.4]})
+def test_losses_one_line_per_run_the_reference_solid_the_others_dashed_with_markers():
+    fig = plots.plot_losses({"AMP bf16": [1.0, 0.4], "fp32": [1.0, 0.5], "AMP fp16": [1.0, 0.5]})
     ax = fig.axes[0]
-    assert [line.get_label() for line in ax.get_lines()] == ["fp32", "bf16"]
-    assert ax.get_yscale() == "log" and ax.get_xlabel() == "step"
+    amp, fp32, fp16 = ax.get_lines()
+    assert [line.get_label() for line in (amp, fp32, fp16)] == ["AMP bf16", "fp32", "AMP fp16"]
+    assert fp32.get_linestyle() == "-" and fp32.get_marker() in ("None", "")  # the reference
+    for line in (amp, fp16):  # drawn over it, dashed and marked: visible where they coincide
+        assert line.get_linestyle() != "-" and line.get_marker() not in ("None", "")
+        assert line.get_zorder() > fp32.get_zorder()
+    assert amp.get_linestyle() != fp16.get_linestyle() and amp.get_marker() != fp16.get_marker()
 
 
-def test_bars_one_panel_per_metric():
+def test_losses_without_an_fp32_run_take_the_first_as_reference_and_the_given_dtype():
+    fig = plots.plot_losses({"unscale_ then clip": [1.0, 0.5], "clip then unscale_": [1.0, 0.5]},
+                            dtype="fp16")
+    first, second = fig.axes[0].get_lines()
+    assert first.get_linestyle() == "-" and second.get_linestyle() != "-"
+    assert to_rgb(first.get_color()) == to_rgb(second.get_color()) == to_rgb(PALETTE["fp16"])
+
+
+def test_markers_are_sparse_and_staggered_between_runs():
+    n = 80
+    fig = plots.plot_losses({"fp32": [1.0] * n, "AMP bf16": [1.0] * n, "AMP fp16": [1.0] * n})
+    _, bf16, fp16 = fig.axes[0].get_lines()
+    start_a, every_a = bf16.get_markevery()
+    start_b, every_b = fp16.get_markevery()
+    assert every_a == every_b == n // 8 and start_a != start_b
+
+
+@pytest.mark.parametrize(("values", "log"), [
+    ([1.0, 0.5], False), ([1.0, 0.8, 0.85], False), ([1.0, 0.1], False),  # a decade is not more
+    ([1.0, 0.099], True), ([3e-4, 2.0, 1e-2], True),
+    ([1.0, 0.0001, 0.0], False),  # a zero cannot go on a log axis
+    ([1.0, float("nan"), 0.5, float("inf")], False), ([], False),
+])
+def test_log_axis_only_over_more_than_a_decade(values, log):
+    assert use_log_scale(values) is log
+
+
+def test_losses_axis_is_linear_under_a_decade_and_log_above_and_its_label_says_which():
+    narrow = plots.plot_losses({"fp32": [0.06, 0.055, 0.053]}, ylabel="MSE loss (log scale)")
+    ax = narrow.axes[0]
+    assert ax.get_yscale() == "linear" and ax.get_ylabel() == "MSE loss"
+    wide = plots.plot_losses({"fp32": [1.0, 0.01]}, ylabel="weight update norm (2-norm)")
+    ax = wide.axes[0]
+    assert ax.get_yscale() == "log" and ax.get_ylabel() == "weight update norm (2-norm, log scale)"
+    assert plots.plot_losses({"fp32": [1.0, 0.01]}).axes[0].get_ylabel() == "MSE loss (log scale)"
+
+
+@pytest.mark.parametrize("n", [2, 3, 7, 40])
+def test_step_axes_have_integer_ticks(n):
+    ax = plots.plot_losses({"fp32": list(np.linspace(1.0, 0.9, n))}, xlabel="epoch").axes[0]
+    ax.figure.canvas.draw()
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    ax = plots.plot_scale_history([8.0] * (n + 1), "scale").axes[0]
+    assert all(float(t).is_integer() for t in ax.get_xticks())
+
+
+def test_bars_one_panel_per_metric_coloured_by_dtype_hatched_where_colours_repeat():
     fig = plots.plot_bars({"time (ms)": {"fp32": 2.0, "bf16": 1.0},
                            "memory (MB)": {"fp32": 4.0, "bf16": 2.0}}, "comparison")
     assert [ax.get_title() for ax in fig.axes] == ["time (ms)", "memory (MB)"]
-    heights = [p.get_height() for p in fig.axes[0].patches]
-    assert heights == [2.0, 1.0]
+    assert [p.get_height() for p in fig.axes[0].patches] == [2.0, 1.0]
+    compiled = SAMPLES["plot_bars"]().axes[0].patches
+    assert [to_rgb(p.get_facecolor()) for p in compiled] == [
+        to_rgb(PALETTE[k]) for k in ("fp32", "bf16", "compiled", "compiled")]
+    assert compiled[2].get_hatch() != compiled[3].get_hatch()  # two compiled runs told apart
 
 
-def test_op_times_one_bar_per_row_coloured_by_precision():
-    rows = [{"op": "aten::mm", "input dtypes": "bf16, bf16", "self time (us)": 2000.0},
-            {"op": "aten::add_", "input dtypes": "fp32, fp32", "self time (us)": 500.0}]
-    fig = plots.plot_op_times(rows, "Ops of one step")
+def test_op_times_short_names_coloured_by_the_narrowest_input_and_bars_use_the_width():
+    fig = plots.plot_op_times(ROWS, "Ops of one step")
     ax = fig.axes[0]
     assert ax.get_title() == "Ops of one step" and "ms" in ax.get_xlabel()
-    widths = sorted(p.get_width() for p in ax.patches[:2])
-    assert widths == [0.5, 2.0]
-    assert ax.patches[0].get_facecolor() != ax.patches[1].get_facecolor()
+    fig.canvas.draw()
+    labels = [t.get_text().replace("\n", "") for t in ax.get_yticklabels()]
+    assert labels == [r["op"] for r in ROWS][::-1]  # the longest on top, no argument list
+    assert all(len(line) <= 30 for t in ax.get_yticklabels() for line in t.get_text().split("\n"))
+    assert sorted(p.get_width() for p in ax.patches) == [0.5, 1.0, 2.0, 3.0]
+    colours = [to_rgb(p.get_facecolor()) for p in ax.patches][::-1]
+    assert colours == [to_rgb(PALETTE[k]) for k in ("bf16", "fp32", "float8_e4m3fn", "fp16")]
+    assert ax.get_position().width > 0.6  # the bars, not the labels, fill the figure
+    signature = [{"op": "aten::addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1)",
+                  "input dtypes": "fp32", "self time (us)": 1.0}]
+    (label,) = plots.plot_op_times(signature, "one").axes[0].get_yticklabels()
+    assert label.get_text() == "aten::addmm"
 
 
-def test_gradient_magnitudes_shifts_by_the_scale():
+def test_gradient_magnitudes_shifts_by_the_scale_over_fp16s_bands():
     grads = torch.tensor([2.0**-30, 2.0**-20, 0.0, -(2.0**-10)])
     fig = plots.plot_gradient_magnitudes(grads, 2.0**16, "gradients")
     ax = fig.axes[0]
@@ -66,12 +261,39 @@ def test_gradient_magnitudes_shifts_by_the_scale():
     assert sum(b.get_height() for b in true_bars) == 3 == sum(b.get_height() for b in scaled_bars)
     lowest = min(b.get_x() for b in true_bars if b.get_height())
     assert lowest == -30 and min(b.get_x() for b in scaled_bars if b.get_height()) == -14
+    bands = {to_rgb(p.get_facecolor()): (p.get_x(), p.get_x() + p.get_width())
+             for p in ax.patches if p not in [*true_bars, *scaled_bars]}
+    assert bands[to_rgb(MARKS["lost"])][1] == -25  # flushed: below half the smallest subnormal
+    assert bands[to_rgb(MARKS["subnormal"])] == (-25, -14)
+    top = np.log2(torch.finfo(torch.float16).max)
+    assert bands[to_rgb(MARKS["normal"])] == pytest.approx((-14, top))
+    (overflow,) = [line for line in ax.get_lines() if "overflow" in line.get_label()]
+    assert overflow.get_xdata()[0] == pytest.approx(top) and ax.get_xlim()[1] > top
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("0 in fp16" in t for t in legend) and any("subnormal" in t for t in legend)
+    assert any("normal (" in t for t in legend) and any("65504" in t for t in legend)
 
 
-def test_scale_history_marks_the_skipped_steps():
-    fig = plots.plot_scale_history([8.0, 8.0, 4.0, 4.0], [False, True, False], "scale",
+def test_scale_history_plots_each_runs_scale_after_every_update_over_the_same_steps():
+    healthy, collapsing = [65536.0, 32768.0, 32768.0, 32768.0], [65536.0, 32768.0, 16384.0, 8192.0]
+    fig = plots.plot_scale_history({"healthy": healthy, "collapsing": collapsing}, "scale")
+    ax = fig.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines["healthy"].get_xdata()) == list(lines["collapsing"].get_xdata()) == [
+        -1, 0, 1, 2]  # the start, then after step 0, 1, 2
+    assert list(lines["healthy"].get_ydata()) == [16, 15, 15, 15]  # not shifted, not halved
+    assert list(lines["collapsing"].get_ydata()) == [16, 15, 14, 13]
+    assert ax.get_xticklabels()[0].get_text() == "start" and ax.get_ylabel() == "scale (log2)"
+    skipped = np.concatenate([c.get_offsets() for c in ax.collections]).tolist()
+    assert sorted(skipped) == [[0, 15], [0, 15], [1, 14], [2, 13]]  # wherever a scale dropped
+
+
+def test_scale_history_of_one_run_marks_the_given_skips_and_step():
+    fig = plots.plot_scale_history([8.0, 8.0, 4.0, 4.0], "scale", skipped=[False, True, False],
                                    marked_step=1)
     ax = fig.axes[0]
     assert ax.get_title() == "scale" and ax.get_ylabel() == "scale (log2)"
     (marked,) = ax.collections
-    assert marked.get_offsets().tolist() == [[1.0, 3.0]]  # step 1, log2(8)
+    assert marked.get_offsets().tolist() == [[1.0, 2.0]]  # step 1 left the scale at 4 = 2^2
+    assert any(line.get_label().startswith("inf injected") and line.get_xdata()[0] == 1
+               for line in ax.get_lines())
