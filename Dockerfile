@@ -57,10 +57,14 @@ COPY docker/torchrun /opt/course/bin/torchrun
 # SHELL: JupyterLab's terminals start $SHELL (else sh); bash gives learners history and completion.
 # AMP_TUTORIAL_IN_CONTAINER: a GPU that is there but closed to the lab user is then reported with
 # the compose setting that fixes it (amp_tutorial.device.gpu_access_problem).
+# KINETO_LOG_LEVEL: the profiler's C++ logger off in every kernel, lessons or not, so that its
+# lines (`USDT ... profiler_start`, `gpuGetDeviceCount failed`) never show as error boxes
+# (amp_tutorial.profiler_logs says why this is the control and the value).
 ENV PATH=/opt/course/bin:$PATH \
     VIRTUAL_ENV=/opt/course \
     SHELL=/bin/bash \
-    AMP_TUTORIAL_IN_CONTAINER=1
+    AMP_TUTORIAL_IN_CONTAINER=1 \
+    KINETO_LOG_LEVEL=99
 
 # The amp_tutorial package, and its wheel data: the lab settings land in /opt/course/etc/jupyter.
 COPY pyproject.toml README.md /tmp/course/

@@ -27,6 +27,7 @@ import pytest
 
 from amp_tutorial import versions
 from amp_tutorial.device import DTYPE_ENV
+from amp_tutorial.profiler_logs import KINETO_LOG_ENV, KINETO_LOG_OFF, kineto_log_lines
 from course_tools import answers
 from course_tools.catalogue import is_lesson
 from tests.support import missing_tool, torch_envs
@@ -96,6 +97,11 @@ class JupytextNotebook(nbval.plugin.IPyNbFile):
             if self.run_config.dtype is not None:
                 os.environ[DTYPE_ENV] = self.run_config.dtype
             os.environ.update(dict(self.run_config.env))
+            # ipykernel forwards what C++ code writes to file descriptors 1 and 2 into the cell's
+            # output, as a learner's Jupyter shows it, except in a kernel started by a test
+            # (ipykernel.iostream.OutStream checks PYTEST_CURRENT_TEST): a lesson runs as it would
+            # for a learner
+            os.environ.pop("PYTEST_CURRENT_TEST", None)
             super().setup()
 
     def kernel_interpreter(self):
@@ -118,6 +124,24 @@ class JupytextNotebook(nbval.plugin.IPyNbFile):
         with mock.patch.object(nbval.plugin.nbformat, "read", return_value=notebook):
             items = list(super().collect())
         yield from items
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A lesson's code cell passes nbval's checks and one more: no line of the profiler's C++
+    logger (kineto) in its output, where Jupyter shows it as a red stderr box that reads as a
+    failure. amp_tutorial.profiler_logs keeps them out; the kernels inherit its setting, made when
+    this process imported amp_tutorial. A line written late shows in the next cell's output."""
+    result = yield
+    if isinstance(item, nbval.plugin.IPyNbCell) and isinstance(item.parent, JupytextNotebook):
+        streams = "".join(out.get("text", "") for out in item.test_outputs or ()
+                          if out.get("output_type") == "stream")
+        if lines := kineto_log_lines(streams):
+            item.raise_cell_error(
+                "the profiler's log lines reached the cell's output (the kernel's "
+                f"{KINETO_LOG_ENV} is {os.environ.get(KINETO_LOG_ENV)!r}; "
+                f"amp_tutorial.profiler_logs sets {KINETO_LOG_OFF!r})", "\n".join(lines))
+    return result
 
 
 # --- exercises: run each exercise notebook with the reference solution in place ----------------

@@ -48,6 +48,11 @@ def main() -> None:
     """The ``pdm run lab`` command: start JupyterLab on the course's notebooks.
     """
     command = lab_command(sys.argv[1:])
+    # The kernels inherit this environment: the profiler's C++ log lines stay out of every one,
+    # lessons or not (amp_tutorial.profiler_logs; the import brings torch, as start-lab's does).
+    from amp_tutorial.profiler_logs import quiet_kineto_logs
+
+    quiet_kineto_logs()
     print(f"Starting JupyterLab on the course in {command[3].split('=', 1)[1]}", flush=True)
     print("Open the http://127.0.0.1:...?token=... URL that Jupyter prints below.", flush=True)
     os.execv(command[0], command)
