@@ -1,6 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     learner_minutes: 20
 #     memory:
 #       cpu: 258
 #       paper: 2054
@@ -9,6 +10,7 @@
 #       small: 0.2
 #       smoke: 0.2
 #     needs: any device, CPU included; allocator peak memory on a GPU
+#     track: core
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:
@@ -48,6 +50,7 @@ from tqdm.auto import tqdm
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import describe_device, dtype_name, fp32_baseline, select_device
 from amp_tutorial.measure import (
+    Comparison,
     activation_output_bytes,
     peak_memory_bytes,
     reset_peak_memory,
@@ -136,7 +139,7 @@ for name, infer in candidates.items():
 base = runs[baseline_name]
 results = pd.DataFrame({
     name: {
-        **timing_columns(r["timing"], base["timing"], r["peak"]),
+        **timing_columns(r["timing"], base["timing"], r["peak"], preset.name),
         "layer outputs (MB)": r["layer outputs"] / 2**20,
         "max |prediction - fp32|": (r["prediction"] - base["prediction"]).abs().max().item(),
     }
@@ -188,17 +191,14 @@ fig = plot_outputs(images, "Predictions served in fp32 and under autocast")
 # saved is in the activations alive during the forward pass. This run measured:
 
 # %%
-for name in runs:
+for name, r in runs.items():
     if name == baseline_name:
         continue
-    gain = results.loc[name, "speedup (t_fp32 / t)"]
-    if gain > 1:
-        how = f"{gain:.2f}x faster than {baseline_name}"
-    else:
-        how = f"{1 / gain:.2f}x slower than {baseline_name}"
-        if info.type == "cpu" and info.native_bf16 is False and "bf16" in name:
-            how += " (this CPU has no native bf16, see the device line at the top)"
-    print(f"{name} inference on {info.name}, preset {preset.name}: {how}")
+    c = Comparison(name, baseline_name, r["timing"], runs[baseline_name]["timing"], preset.name)
+    emulated = info.type == "cpu" and info.native_bf16 is False and "bf16" in name
+    cause = " (this CPU has no native bf16, see the device line)" if emulated else ""
+    print(f"inference on {info.name}, preset {preset.name}: {c}"
+          f"{cause if c.stated and c.ratio < 1 else ''}")
 
 # %% [markdown]
 # ## Try it

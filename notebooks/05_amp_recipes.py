@@ -1,6 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     learner_minutes: 90
 #     memory:
 #       cpu: 75
 #       paper: 158
@@ -9,6 +10,7 @@
 #       small: 1.0
 #       smoke: 0.2
 #     needs: any device, CPU included
+#     track: core
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:

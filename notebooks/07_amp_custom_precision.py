@@ -1,6 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     learner_minutes: 65
 #     memory:
 #       cpu: 311
 #       paper: 2458
@@ -10,6 +11,7 @@
 #       smoke: 0.2
 #     needs: any device, CPU included; `binary_cross_entropy` is refused only on CUDA,
 #       ROCm or XPU
+#     track: advanced
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:
@@ -44,7 +46,9 @@ from amp_tutorial.autocast_policy import (
     FP32,
     FP32_OUT,
     NO_RULE,
+    autocast_flags,
     autocast_policy,
+    fake_tensors,
     header_rules,
 )
 from amp_tutorial.data import make_problem
@@ -52,7 +56,9 @@ from amp_tutorial.device import describe_device, dtype_name, select_device
 from amp_tutorial.exercises.contrastive_loss import check_contrastive_loss, make_cases
 from amp_tutorial.models import seeded_conv_model
 from amp_tutorial.presets import get_preset
+from amp_tutorial.versions import parse
 
+# %%
 info = select_device()
 preset = get_preset(device_type=info.type)
 amp_dtype = info.amp_dtype
@@ -96,7 +102,8 @@ assert amp_losses[-1] < amp_losses[0]
 # Autocast decides per op. On CUDA (and XPU) matmuls and convolutions run in low precision;
 # `sum`, `prod`, `cumsum`, `cumprod`, `softmax`, `log_softmax` and the `linalg` vector and matrix
 # norms return fp32 (unless you pass a `dtype=`); `exp`, `log`, `pow`, `logsumexp`, most losses
-# and `layer_norm`, `group_norm`, `rms_norm` run in fp32. Other reductions, `mean`, `max`,
+# and `layer_norm`, `group_norm` run in fp32, and `rms_norm` too from torch 2.14 (before it,
+# no rule: an fp16 input gives an fp16 output; probed below). Other reductions, `mean`, `max`,
 # `amax`, `var` and `std` among them, are on no list and stay in the dtype they are given. The
 # CPU list differs (lesson 01), and so does MPS's (it keeps `batch_norm` in fp32, lesson 04).
 # Your own code can need more care. Two tools:
@@ -116,6 +123,13 @@ if rules is not None:
     assert all(rules[op] == FP32 for op in ("exp", "log", "logsumexp", "layer_norm", "mse_loss"))
     assert not {"mean", "max", "amax", "var", "std"} & set(rules)  # on no list
     print("reductions with an fp32 output on CUDA/XPU:", ", ".join(sorted(fp32_out)))
+
+# %%
+# rms_norm under CUDA float16 autocast, on fake CUDA tensors (PyTorch's dispatcher, no GPU needed)
+with fake_tensors(), autocast_flags("cuda", torch.float16):
+    rms = F.rms_norm(torch.ones(4, 8, device="cuda", dtype=torch.float16), (8,))
+print(f"torch {torch.__version__}: CUDA autocast's rms_norm of an fp16 input gives {rms.dtype}")
+assert (rms.dtype == torch.float32) == (parse(torch.__version__)[:2] >= (2, 14))
 
 # %%
 model = amp_model  # the AMP-trained model from above

@@ -1,6 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     learner_minutes: 35
 #     memory:
 #       cpu: 359
 #       paper: 2844
@@ -10,6 +11,7 @@
 #       smoke: 0.2
 #     needs: any device, CPU included; the old `torch.cuda.amp` spellings work only
 #       on CUDA
+#     track: advanced
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:

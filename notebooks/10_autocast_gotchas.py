@@ -1,6 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     learner_minutes: 30
 #     memory:
 #       cpu: 8
 #       paper: 16
@@ -9,6 +10,7 @@
 #       small: 0.1
 #       smoke: 0.2
 #     needs: any device, CPU included
+#     track: advanced
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:

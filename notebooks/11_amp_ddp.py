@@ -1,6 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     learner_minutes: 10
 #     memory:
 #       cpu: 1
 #       paper: 1
@@ -13,6 +14,7 @@
 #     process_memory:
 #       cpu: 18
 #       paper: 136
+#     track: advanced
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:

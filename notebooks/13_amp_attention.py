@@ -1,6 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     learner_minutes: 50
 #     memory:
 #       cpu: 40
 #       paper: 1009
@@ -9,6 +10,7 @@
 #       small: 0.2
 #       smoke: 0.2
 #     needs: any device, CPU included; SDPA kernels per dtype on an NVIDIA GPU
+#     track: advanced
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:

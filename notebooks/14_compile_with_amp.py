@@ -1,6 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     learner_minutes: 35
 #     memory:
 #       cpu: 258
 #       paper: 3464
@@ -9,6 +10,7 @@
 #       small: 1.2
 #       smoke: 0.3
 #     needs: any device, CPU included; torch.compile on a CPU needs a C++ compiler
+#     track: advanced
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:

@@ -1,6 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
+#     learner_minutes: 35
 #     memory:
 #       cpu: 2
 #       paper: 5
@@ -11,6 +12,7 @@
 #     needs: 'any device, CPU included (FP8 training runs everywhere with torchao, on
 #       a CPU at smoke sizes); fast FP8 training: NVIDIA compute capability 8.9+, AMD
 #       gfx942, gfx950 or RDNA4'
+#     track: advanced
 #   jupytext:
 #     notebook_metadata_filter: amp_tutorial,-jupytext.text_representation.jupytext_version
 #     text_representation:

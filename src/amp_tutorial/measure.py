@@ -24,6 +24,11 @@ import torch
 from tqdm.auto import tqdm
 
 CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"  # where Inductor keeps compiled code between runs
+# A timing whose interquartile range is more than this share of its median is noise, not a result
+# (a class's shared machine, another job beside it): no ratio is stated from it
+NOISY_SPREAD = 0.25
+# Presets whose steps are too small to time: overheads, not the arithmetic AMP changes, fill them
+UNTIMED_PRESETS = {"smoke": "the smoke preset is too small to time (overheads fill each step)"}
 
 
 def synchronize(device: torch.device | str) -> None:
@@ -101,21 +106,85 @@ class Timing:
     def total(self) -> float:
         return sum(self.samples)
 
+    @property
+    def spread(self) -> float:
+        """The interquartile range as a share of the median."""
+        return self.iqr / self.median if self.median > 0 else float("inf")
+
+    @property
+    def noisy(self) -> bool:
+        """True when the spread is so wide that the median says little (a busy machine)."""
+        return self.spread > NOISY_SPREAD
+
     def __str__(self) -> str:
         n = len(self.samples)
         return f"{self.median * 1e3:.2f} ms/step (IQR {self.iqr * 1e3:.2f} ms, n={n})"
 
 
 
-def timing_columns(timing: Timing, baseline: Timing, peak_bytes: int | None) -> dict[str, float]:
-    """The columns every fp32-against-AMP results table starts with: median and IQR per step in
-    ms, the speedup over the baseline (t_fp32 / t, medians) and the allocator's peak in MB (NaN
-    where there is no allocator peak, as on a CPU).
+@dataclass(frozen=True)
+class Comparison:
+    """One run's time against the baseline's, and whether the ratio can be stated as a result.
+
+    The one rule every timing sentence, table and bar of the course follows: a ratio is stated
+    only when both timings are quiet (spread at most ``NOISY_SPREAD`` of the median) and the
+    preset is big enough to time; otherwise the comparison says why it cannot be made here.
     """
+
+    name: str
+    baseline_name: str
+    timing: Timing
+    baseline: Timing
+    preset: str
+
+    @property
+    def ratio(self) -> float:
+        """Speedup, ``t_baseline / t`` (medians): above 1, this run took less time per step."""
+        return self.baseline.median / self.timing.median
+
+    @property
+    def noise(self) -> str | None:
+        """Why the ratio is not a result here, or None when it is."""
+        if self.preset in UNTIMED_PRESETS:
+            return UNTIMED_PRESETS[self.preset]
+        noisy = [(name, t.spread) for name, t in ((self.baseline_name, self.baseline),
+                                                   (self.name, self.timing)) if t.noisy]
+        if noisy:
+            said = " and ".join(f"{name}'s spread is {spread:.0%} of its median"
+                                for name, spread in noisy)
+            return f"{said}, more than {NOISY_SPREAD:.0%}: the machine was busy"
+        return None
+
+    @property
+    def stated(self) -> float | None:
+        """The ratio where it can be stated, else None."""
+        return None if self.noise else self.ratio
+
+    def __str__(self) -> str:
+        if self.preset in UNTIMED_PRESETS:
+            return (f"{self.name} against {self.baseline_name}: not compared here "
+                    f"({self.noise}); run at a larger preset")
+        if self.noise:
+            return (f"{self.name} against {self.baseline_name}: too noisy to compare here "
+                    f"({self.noise}); rerun on an idle machine")
+        change = (f"{1 - 1 / self.ratio:.0%} less time per step" if self.ratio > 1
+                  else f"{1 / self.ratio - 1:.0%} more time per step")
+        return (f"{self.name} ran at {self.ratio:.2f}x the speed of {self.baseline_name} "
+                f"({change}; t_{self.baseline_name} / t, medians)")
+
+
+def timing_columns(timing: Timing, baseline: Timing, peak_bytes: int | None,
+                   preset: str = "") -> dict[str, float]:
+    """The columns every fp32-against-AMP results table starts with: median and IQR per step in
+    ms, the speedup over the baseline (t_fp32 / t, medians; NaN where ``Comparison`` says the
+    timings cannot be compared: a spread over ``NOISY_SPREAD`` or an untimed preset) and the
+    allocator's peak in MB (NaN where there is no allocator peak, as on a CPU).
+    """
+    stated = Comparison("run", "baseline", timing, baseline, preset).stated
     return {
         "time/step median (ms)": timing.median * 1e3,
         "time/step IQR (ms)": timing.iqr * 1e3,
-        "speedup (t_fp32 / t)": baseline.median / timing.median,
+        "speedup (t_fp32 / t)": float("nan") if stated is None else stated,
         "peak memory (MB)": peak_bytes / 2**20 if peak_bytes is not None else float("nan"),
     }
 

@@ -15,6 +15,8 @@ lessons, the tests and the handout read::
     #     process_memory:   # only a lesson that starts processes (11: torchrun): each one, MiB
     #       paper: 180
     #     needs: any device, CPU included; ...   # what it takes to run every part
+    #     track: core       # core (the workshop day) or advanced
+    #     learner_minutes: 60   # a person's time: reading, running, its exercises (see below)
 
 ``python -m course_tools.catalogue table`` prints the README's table from these blocks (a test
 keeps the README equal to it), and ``python -m course_tools.catalogue record timings.json`` writes
@@ -22,6 +24,13 @@ the minutes a ``pdm run handout --preset P`` run measured into the lessons' head
 ``python -m course_tools.memory --record`` writes the memory figures, in MiB (2**20 bytes):
 measured on a CPU at the preset's sizes, they are what the lesson needs on a GPU, less what a
 CPU cannot see (docs/workshop.md).
+**Learner time** is not machine time: ``learner_time`` counts what a person reads and does, at
+rates measured on the rendered course (2026-11-27): prose at ``WORDS_PER_MINUTE``, code at
+``CODE_LINES_PER_MINUTE`` (non-blank lines that are not only a comment), ``EXERCISE_MINUTES`` per
+graded exercise (15-35 minutes measured; the middle), ``QUIZ_QUESTION_MINUTES`` per quiz question.
+"Try it" items are extra practice and add nothing. ``python -m course_tools.catalogue
+learner-time --record`` writes each lesson's figure into its header; a test keeps them equal, and
+the core track within ``WORKSHOP_DAY_MINUTES``.
 ``python -m course_tools.catalogue uses`` prints which lessons import each helper module, read
 from the lessons' import statements (no docstring keeps that list by hand).
 """
@@ -48,6 +57,13 @@ TITLE_LINE = re.compile(r"^# # (\d\d) · (.+?)\s*$", re.MULTILINE)  # `# # 03 ·
 METADATA_KEY = "amp_tutorial"
 TABLE_PRESETS = ("smoke", "small", "cpu")  # the presets the README's table gives a time for
 MEMORY_PRESET = "paper"  # the preset the README's table gives the memory of (a GPU's sizes)
+TRACKS = ("core", "advanced")  # core: the workshop day; advanced: after it, in any order
+WORKSHOP_DAY_MINUTES = 360  # a workshop day's contact time, about 6 h: the core track fits it
+WORDS_PER_MINUTE = 150  # dense technical prose, read with care
+CODE_LINES_PER_MINUTE = 8  # read, run and look at the output
+EXERCISE_MINUTES = 25  # one graded exercise: 15-35 minutes measured
+QUIZ_QUESTION_MINUTES = 1
+QUIZ_SOLUTION = re.compile(r"^quiz.*\.py$")  # an exercise cell whose solution is a quiz's answers
 
 
 def notebooks_dir() -> Path:
@@ -108,6 +124,17 @@ class Lesson:
         return dict(self.metadata.get("process_memory") or {})
 
     @property
+    def track(self) -> str:
+        """``core`` (the workshop day) or ``advanced``; empty where the header says neither."""
+        return str(self.metadata.get("track") or "")
+
+    @property
+    def learner_minutes(self) -> int | None:
+        """A person's time for the lesson, as recorded in its header (``learner_time``)."""
+        value = self.metadata.get("learner_minutes")
+        return None if value is None else int(value)
+
+    @property
     def needs(self) -> str:
         """What the lesson needs to run every part (all lessons run on a CPU)."""
         return str(self.metadata.get("needs") or "")
@@ -120,6 +147,76 @@ def read_lesson(path: Path) -> Lesson:
     number, title = match.groups() if match else (path.name[:2], path.stem[3:])
     metadata = jupytext.reads(text, fmt="py:percent").metadata.get(METADATA_KEY, {})
     return Lesson(path, number, title, dict(metadata))
+
+
+@dataclass(frozen=True)
+class LearnerTime:
+    """What a person reads and does in a lesson, and the minutes that takes at the rates above."""
+
+    words: int
+    code_lines: int
+    exercises: int
+    quiz_questions: int
+
+    @property
+    def minutes(self) -> int:
+        """Rounded up to 5 minutes: the figure is an estimate for planning a day."""
+        exact = (self.words / WORDS_PER_MINUTE + self.code_lines / CODE_LINES_PER_MINUTE
+                 + self.exercises * EXERCISE_MINUTES
+                 + self.quiz_questions * QUIZ_QUESTION_MINUTES)
+        return 5 * -(-round(exact) // 5)
+
+
+def _quiz_questions(source: str) -> int:
+    """How many questions a quiz cell asks: the keys of the dict its stub assigns."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Dict):
+            return len(node.keys)
+    return 0
+
+
+def learner_time(path: Path) -> LearnerTime:
+    """Count the lesson's prose words, code lines, graded exercises and quiz questions."""
+    notebook = jupytext.read(path)
+    words = code_lines = exercises = questions = 0
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown":
+            words += len(cell.source.split())
+            continue
+        if cell.cell_type != "code":
+            continue
+        code_lines += sum(1 for line in cell.source.splitlines()
+                          if line.strip() and not line.strip().startswith("#"))
+        if "exercise" in cell.metadata.get("tags", ()):
+            if QUIZ_SOLUTION.match(str(cell.metadata.get("solution", ""))):
+                questions += _quiz_questions(cell.source)
+            else:
+                exercises += 1
+    return LearnerTime(words, code_lines, exercises, questions)
+
+
+def track_minutes(lessons: Sequence[Lesson]) -> dict[str, int]:
+    """Each track's learner minutes, from the headers."""
+    return {track: sum(lesson.learner_minutes or 0 for lesson in lessons if lesson.track == track)
+            for track in TRACKS}
+
+
+def number_ranges(numbers: Sequence[str]) -> str:
+    """``01-06 and 18`` for ``01 02 03 04 05 06 18``: lesson numbers as the README lists a track."""
+    runs: list[list[str]] = []
+    for number in numbers:
+        if runs and int(number) == int(runs[-1][-1]) + 1:
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    parts = [run[0] if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def format_hours(minutes: int) -> str:
+    """``5 h 30 min``, as the README and the handout say a track's length."""
+    hours, rest = divmod(minutes, 60)
+    return f"{hours} h {rest:02d} min" if hours else f"{rest} min"
 
 
 def find_lessons(notebooks: Path | None = None) -> list[Lesson]:
@@ -188,6 +285,15 @@ def _record(path: Path, key: str, preset: str, value: float | int) -> None:
     jupytext.write(notebook, path, fmt="py:percent")
 
 
+def record_learner_minutes(path: Path) -> int:
+    """Write the lesson's learner minutes (``learner_time``) into its header; return them."""
+    minutes = learner_time(path).minutes
+    notebook = jupytext.read(path)
+    notebook.metadata.setdefault(METADATA_KEY, {})["learner_minutes"] = minutes
+    jupytext.write(notebook, path, fmt="py:percent")
+    return minutes
+
+
 def record_minutes(path: Path, preset: str, seconds: float) -> None:
     """Write a measured run time into the lesson's header (the rest of the file is unchanged).
     """
@@ -235,8 +341,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands.add_parser("uses", help="print which lessons import each amp_tutorial module")
     record = commands.add_parser("record", help="write a handout run's times into the headers")
     record.add_argument("timings", type=Path, help="timings.json from `pdm run handout`")
+    people = commands.add_parser("learner-time", help="print each lesson's learner time and what "
+                                 "it is made of; --record writes it into the headers")
+    people.add_argument("--record", action="store_true")
     args = parser.parse_args(argv)
     lessons = find_lessons()
+    if args.command == "learner-time":
+        for lesson in lessons:
+            counted = learner_time(lesson.path)
+            if args.record:
+                record_learner_minutes(lesson.path)
+            print(f"{lesson.name}: {counted.minutes} min ({lesson.track or 'no track'}; "
+                  f"{counted.words} words, {counted.code_lines} code lines, "
+                  f"{counted.exercises} exercises, {counted.quiz_questions} quiz questions)")
+        lessons = find_lessons()
+        for track, minutes in track_minutes(lessons).items():
+            numbers = [lesson.number for lesson in lessons if lesson.track == track]
+            print(f"{track} track: lessons {number_ranges(numbers)}, {format_hours(minutes)}")
+        return 0
     if args.command == "table":
         print(run_time_table(lessons), end="")
         return 0

@@ -15,7 +15,7 @@ executed lesson is also written as ``NN_name.ipynb``, and all of them zipped int
 Exercise cells (``course_tools.answers``) are run with their reference answer so the rest of
 the lesson has something to show, and rendered as the learner gets them: the stub with its TODO,
 without output. The code cell right after an exercise cell checks the answer; its output would
-give the answer away (the quiz checker explains each right answer), so it is left out, and a note
+give the answer away (a quiz's checker explains every right answer), so it is left out, and a note
 under the exercise cell says so.
 
 On a GPU (CUDA, ROCm or XPU) each lesson's kernel also records the allocator's
@@ -64,8 +64,10 @@ from course_tools.catalogue import (
     Lesson,
     add_lesson_arguments,
     find_lessons,
+    format_hours,
     notebooks_dir,
     select_lessons,
+    track_minutes,
 )
 from course_tools.live_memory import read_result
 
@@ -307,7 +309,8 @@ def format_seconds(seconds: float) -> str:
 
 
 def index_html(runs: Sequence[LessonRun], preset: str, device: str, torch_version: str) -> str:
-    """The handout's front page: every lesson linked with its title and run time."""
+    """The handout's front page: every lesson linked with its title, its track, a person's time
+    for it and the machine's run time."""
     rows = []
     for run in runs:
         status = "" if run.error is None else f'<br><strong class="failed">failed: ' \
@@ -315,8 +318,11 @@ def index_html(runs: Sequence[LessonRun], preset: str, device: str, torch_versio
         rows.append(f'<tr><td>{html.escape(run.lesson.number)}</td>'
                     f'<td><a href="{html.escape(run.lesson.page)}">'
                     f"{_html_text(run.lesson.title)}</a>{status}</td>"
+                    f"<td>{html.escape(run.lesson.track)}</td>"
+                    f'<td class="time">{format_hours(run.lesson.learner_minutes or 0)}</td>'
                     f'<td class="time">{format_seconds(run.seconds)}</td></tr>')
     total = format_seconds(sum(run.seconds for run in runs))
+    tracks = track_minutes([run.lesson for run in runs])
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -335,9 +341,12 @@ td.time {{ white-space: nowrap; text-align: right; }}
 <h1>Mixed precision in PyTorch: the course, executed</h1>
 <p>Every lesson below ran top to bottom at the <code>{html.escape(preset)}</code> preset on
 {html.escape(device)} with torch {html.escape(torch_version)}. Run time is each lesson's wall
-time, kernel start included; {len(runs)} lessons, {total} in all.</p>
+time, kernel start included; {len(runs)} lessons, {total} in all. "Your time" is a person's:
+reading, running and the graded exercises; the core track ({format_hours(tracks["core"])}) is a
+workshop day, the advanced track ({format_hours(tracks["advanced"])}) comes after it.</p>
 <table>
-<thead><tr><th>#</th><th>lesson</th><th>run time</th></tr></thead>
+<thead><tr><th>#</th><th>lesson</th><th>track</th><th>your time</th>
+<th>run time (machine)</th></tr></thead>
 <tbody>
 {chr(10).join(rows)}
 </tbody>

@@ -21,7 +21,7 @@ import torch
 from playwright.sync_api import Browser, Page
 
 from course_tools.answers import is_exercise
-from course_tools.catalogue import find_lessons, lesson_paths, select_lessons
+from course_tools.catalogue import find_lessons, format_hours, lesson_paths, select_lessons
 from course_tools.handout import LessonRun, format_seconds, index_html, main, render_handout
 from tests.support import NOTEBOOKS
 from tests.support.notebook_page import FIGURE_CELL, UI_TIMEOUT_MS, Cell, read_cells
@@ -67,7 +67,8 @@ def open_lesson(page: Page, html_path: Path, lesson: Path) -> list[Cell]:
 
 
 def test_index_lists_every_lesson(page: Page, tmp_path: Path) -> None:
-    """Every lesson the glob finds is on the index, with its title, its page and its run time."""
+    """Every lesson the glob finds is on the index, with its title, its page, its track, a
+    person's time and the machine's run time."""
     lessons = find_lessons(NOTEBOOKS)
     assert [lesson.path for lesson in lessons] == LESSON_FILES, "the handout skips or adds lessons"
     runs = [LessonRun(lesson, 7.25 * (i + 1)) for i, lesson in enumerate(lessons)]
@@ -84,6 +85,8 @@ def test_index_lists_every_lesson(page: Page, tmp_path: Path) -> None:
         assert link.inner_text() == title.replace("`", ""), f"{path.name}: title not shown"
         row = page.locator("tbody tr").nth(i).inner_text()
         assert row.startswith(number) and format_seconds(7.25 * (i + 1)) in row, row
+        lesson = lessons[i]
+        assert lesson.track in row and format_hours(lesson.learner_minutes) in row, row
 
 
 def test_lessons_are_chosen_by_number_or_name_in_course_order() -> None:

@@ -230,13 +230,37 @@ def test_op_dtype_rows_show_autocast_matmuls_in_bf16_and_the_casts_from_fp32():
 def test_timing_columns_compare_against_the_baseline():
     from amp_tutorial.measure import Timing, timing_columns
 
-    fp32, amp = Timing((0.010, 0.012, 0.014)), Timing((0.004, 0.005, 0.009))
-    columns = timing_columns(amp, fp32, 3 * 2**20)
+    fp32, amp = Timing((0.011, 0.012, 0.013)), Timing((0.0048, 0.005, 0.0055))
+    columns = timing_columns(amp, fp32, 3 * 2**20, "cpu")
     assert columns["time/step median (ms)"] == pytest.approx(5.0)
     assert columns["speedup (t_fp32 / t)"] == pytest.approx(12 / 5)
     assert columns["time/step IQR (ms)"] == pytest.approx(amp.iqr * 1e3)
     assert columns["peak memory (MB)"] == pytest.approx(3.0)
     assert math.isnan(timing_columns(amp, fp32, None)["peak memory (MB)"])
+    # a spread over a quarter of the median, or the smoke preset: no speedup in the table
+    noisy = Timing((0.004, 0.005, 0.009))
+    assert math.isnan(timing_columns(noisy, fp32, None, "cpu")["speedup (t_fp32 / t)"])
+    assert math.isnan(timing_columns(amp, fp32, None, "smoke")["speedup (t_fp32 / t)"])
+
+
+def test_a_comparison_states_a_ratio_only_from_quiet_timings_at_a_timed_preset():
+    from amp_tutorial.measure import NOISY_SPREAD, Comparison, Timing
+
+    fp32, quiet = Timing((0.011, 0.012, 0.013)), Timing((0.0048, 0.005, 0.0055))
+    slow = Timing((0.0235, 0.024, 0.025))
+    # lesson 03's loaded run: fp32's spread (89 ms) above its median (54 ms)
+    loaded = Timing((0.030, 0.040, 0.054, 0.100, 0.140))
+    assert loaded.spread > 1 > NOISY_SPREAD >= quiet.spread
+    said = Comparison("bf16", "fp32", quiet, fp32, "cpu")
+    assert said.stated == pytest.approx(2.4) and "2.40x the speed of fp32" in str(said)
+    assert "58% less time per step" in str(said)
+    assert "100% more time per step" in str(Comparison("bf16", "fp32", slow, fp32, "cpu"))
+    for comparison, why in [(Comparison("bf16", "fp32", quiet, loaded, "small"), "fp32's spread"),
+                            (Comparison("bf16", "fp32", loaded, fp32, "paper"), "bf16's spread"),
+                            (Comparison("bf16", "fp32", quiet, fp32, "smoke"), "too small")]:
+        assert comparison.stated is None and why in comparison.noise
+        assert "compare" in str(comparison) and "x the speed" not in str(comparison)
+        assert ("rerun on an idle machine" in str(comparison)) == (why != "too small")
 
 
 @pytest.mark.parametrize("before", [None, "/elsewhere/inductor-cache"])
