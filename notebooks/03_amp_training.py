@@ -215,10 +215,11 @@ assert len(timed) == preset.steps  # one time per step, the warm-up steps not ti
 # %% [markdown]
 # On NVIDIA Ampere and newer GPUs, "fp32" convolutions actually use **TF32** tensor cores unless
 # TF32 is switched off; the baseline's name above says which one you measured, and
-# `pdm run bench --strict-fp32` compares against true fp32. The switch depends on the torch
-# version: `torch.backends.cudnn.conv.fp32_precision = "ieee"` from torch 2.9 on,
-# `torch.backends.cudnn.allow_tf32 = False` before (mixing the two raises an error on new
-# versions). `amp_tutorial.device.set_strict_fp32` uses whichever your torch has:
+# `pdm run bench --strict-fp32` compares against true fp32. Setting only the new
+# `torch.backends.cudnn.conv.fp32_precision = "ieee"` leaves RNNs on TF32 and makes the legacy
+# getters (`torch.backends.cudnn.allow_tf32`) raise, which `torch.backends.cudnn.flags()` and some
+# of `torch.compile`'s code read. `amp_tutorial.device.set_strict_fp32(True)` sets convolutions,
+# RNNs and matmuls to strict fp32 and keeps the legacy flags in step, on torch 2.9 to 2.14:
 
 # %%
 print(f"torch {torch.__version__}: fp32_precision settings "

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from amp_tutorial.device import DeviceInfo, dtype_name, has_fp32_precision_api, tf32_state
+from amp_tutorial.device import DeviceInfo, dtype_name, has_fp32_precision_api, tf32_in_use
 from amp_tutorial.measure import StepTimer, Timing
 
 # Two sizes per preset: big enough to reach the device's matmul rate, small enough to finish in
@@ -29,8 +29,6 @@ from amp_tutorial.measure import StepTimer, Timing
 # `smoke` measures as `small` does: at 64² and 128² the call overhead swamped the matmul (a run
 # printed a 60x "ceiling"), and 512² costs a native CPU milliseconds.
 SIZES = {"paper": (4096, 8192), "cpu": (1024, 2048), "small": (256, 512), "smoke": (256, 512)}
-# A rate whose interquartile range is more than this share of its median is noise, not a rate
-NOISY_SPREAD = 0.25
 # What each course model's fp32 baseline spends its time in, so its fp32 matmul row runs as that
 # baseline does on CUDA: TF32 for convolutions (cuDNN's default), IEEE fp32 for matmuls (cuBLAS's)
 FP32_LIKE = {"conv": "convolutions", "transformer": "matmuls"}
@@ -63,21 +61,23 @@ class MatmulRate:
     @property
     def spread(self) -> float:
         """The interquartile range of the call times as a share of their median."""
-        return self.timing.iqr / self.timing.median
+        return self.timing.spread
 
     @property
     def noisy(self) -> bool:
-        """True when the spread is so wide that the median says little (a busy machine)."""
-        return self.spread > NOISY_SPREAD
+        """True when the spread is so wide that the median says little (measure.NOISY_SPREAD)."""
+        return self.timing.noisy
 
 
 @contextmanager
 def cuda_matmul_tf32(allow: bool) -> Iterator[None]:
     """Let CUDA's fp32 matmuls use TF32 (or not) inside the block, and restore the setting after.
 
-    Read and written with the API this torch has: from torch 2.9 ``cuda.matmul.fp32_precision``;
-    there, reading the legacy ``cudnn.allow_tf32`` after ``set_strict_fp32`` set the new
-    ``cudnn.conv.fp32_precision`` raises ("a mix of the legacy and new APIs"). Needs no GPU.
+    Read and written with the API this torch has: from torch 2.9 ``cuda.matmul.fp32_precision``,
+    put back exactly on the way out. Inside the block only the new setting moves, so a legacy
+    getter (``matmul.allow_tf32``) may refuse to answer there ("a mix of the legacy and new
+    APIs", ``Context::allowTF32CuBLAS``); only the timed ``a @ b`` runs inside (so on an H100
+    with torch 2.11: register row ``ceiling-tf32``). Needs no GPU.
     """
     matmul = torch.backends.cuda.matmul
     if has_fp32_precision_api():
@@ -239,14 +239,15 @@ def matmul_ceiling(info: DeviceInfo, sizes: tuple[int, ...] = SIZES["cpu"],
     ``info.device``, interleaved size by size so the ratios come from the same minutes.
 
     ``fp32_like``: what the model's fp32 baseline spends its time in ("convolutions" or
-    "matmuls", ``FP32_LIKE``); on CUDA the fp32 matmul uses TF32 exactly when that kind of op
-    may now (``device.tf32_state``: by default convolutions do, matmuls do not).
+    "matmuls", ``FP32_LIKE``); the fp32 matmul uses TF32 exactly where that kind of op does now
+    (``device.tf32_in_use``: on NVIDIA Ampere and newer, by default convolutions do, matmuls do
+    not; never on ROCm, an older NVIDIA GPU or another device, whatever the flags say).
     """
     dtypes, notes = ceiling_dtypes(info)
-    tf32 = tf32_state()[fp32_like]
-    if tf32 and info.type == "cuda":
-        notes.append(f"fp32: matmuls timed with TF32 allowed (Ampere and newer use it), as "
-                     f"this model's fp32 {fp32_like} run")
+    tf32 = fp32_like in tf32_in_use(info)
+    if tf32:
+        notes.append(f"fp32: matmuls timed with TF32, as this model's fp32 {fp32_like} run "
+                     "on this GPU")
     emulated = ("bf16",) if info.type == "cpu" and info.native_bf16 is False else ()
     rates = [matmul_rate(n, dtype, info.device, tf32=tf32, **rate_options)
              for n in sizes for dtype in (torch.float32, *dtypes)]

@@ -48,6 +48,11 @@ MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7}  # stored fraction bits
 ROUNDING_LIMIT = 0.5  # a rounding step above half the sample-to-sample spread loses the signal
 AGREEMENT = {torch.float16: 0.02, torch.bfloat16: 0.05}  # relative difference called agreement
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+# The ops cuBLAS computes as GEMMs, whose fp32 ``torch.backends.cuda.matmul``'s TF32 setting
+# governs; under CUDA autocast a Linear shows up as addmm/mm (``linear`` is a composite there:
+# ``amp_tutorial.kernels``), convolutions are cuDNN's and follow ``cudnn.conv`` instead.
+GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "matmul",
+                      "linear"})
 MODEL = "(model)"  # the model's own forward, outside its submodules
 Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -133,9 +138,16 @@ class Checkup:
         return [r.module for r in self.ranges if r.overflows_fp16]
 
     @property
+    def fp32_matmuls(self) -> list[OpTrace]:
+        """The matmuls of the traced AMP step that still ran in fp32 (in a region with autocast
+        off, or on autocast's fp32 list): where TF32 can speed fp32 up on an NVIDIA GPU."""
+        return [op for op in self.ops if op.op in GEMM_OPS and op.output == "fp32"]
+
+    @property
     def fp32_time_share(self) -> float:
-        """Share of the traced AMP step's op time (forward, loss, backward) in ops that ran in
-        fp32, the casts autocast inserts not counted as either."""
+        """Share of the traced AMP step's op time (forward, loss, backward) spent in ops that ran
+        in fp32: their time over the time of every op traced, the casts autocast inserts
+        included in that total (so fp32, low-dtype and cast time share the whole)."""
         times = Counter()
         for op in self.ops:
             times[_op_kind(op, self.amp_dtype)] += op.seconds
@@ -260,10 +272,17 @@ def _device_of(model: nn.Module) -> torch.device:
 
 
 def free_bytes_on(device: torch.device) -> int | None:
-    """Bytes free on ``device`` now: the CUDA/ROCm driver's figure, the host's available memory
-    on a CPU, None where the device does not say."""
+    """Bytes free on ``device`` now: on CUDA/ROCm the driver's free memory plus what PyTorch's
+    caching allocator holds but no tensor uses; the host's available memory on a CPU; None where
+    the device does not say.
+
+    ``torch.cuda.mem_get_info`` is ``cudaMemGetInfo`` (``torch/cuda/memory.py``), which counts
+    the allocator's cached blocks as used; the check-up's own tensors are served from those
+    first, so ``memory_reserved() - memory_allocated()`` (same file) is free to it as well. (A
+    cached block can be too small for one large tensor: an OOM later is still one plain line.)"""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return torch.cuda.mem_get_info(device)[0] + cached
     if device.type == "cpu":
         try:  # MemAvailable counts the page cache the kernel can drop; sysconf's free pages don't
             with open("/proc/meminfo") as meminfo:
@@ -524,12 +543,19 @@ def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advic
     if loss_ops and loss_ops[-1].output == name:
         out.append(Advice("loss = loss_fn(output.float(), targets)",
                           f"the loss was computed in {name}; in fp32 it keeps its precision"))
-    tf32 = tf32_state()
-    if kind == "cuda" and not info.is_rocm and torch.cuda.get_device_capability()[0] >= 8 \
-            and not tf32["matmuls"]:
-        out.append(Advice('torch.backends.cuda.matmul.fp32_precision = "tf32"  # torch >= 2.9',
-                          "the ops autocast keeps in fp32 run their matmuls in IEEE fp32 here; "
-                          "TF32 speeds them up on this GPU"))
+    fp32_matmuls = report.fp32_matmuls
+    if (fp32_matmuls and kind == "cuda" and not info.is_rocm
+            and torch.cuda.get_device_capability(info.device)[0] >= 8
+            and not tf32_state()["matmuls"]):
+        # torch.set_float32_matmul_precision sets the legacy precision and the new
+        # cuda.matmul.fp32_precision together (Context::setFloat32MatmulPrecision, ATen's
+        # Context.cpp); the new setting alone makes the legacy getters raise on 2.9, 2.11 and
+        # 2.14, and torch 2.9's Inductor reads one for an fp32 matmul (pytorch/pytorch#166387)
+        places = list(dict.fromkeys(f"{op.op} in {op.where}" for op in fp32_matmuls))
+        where = ", ".join(places[:4]) + (", ..." if len(places) > 4 else "")
+        out.append(Advice('torch.set_float32_matmul_precision("high")  # TF32 for fp32 matmuls',
+                          f"{len(fp32_matmuls)} matmul(s) still ran in IEEE fp32 under autocast "
+                          f"({where}); TF32 speeds them up on this GPU"))
     if report.speedup < 1:
         out.append(Advice("# keep this model in fp32 on this device",
                           f"AMP ran at {report.speedup:.2f}x fp32's speed here (t_fp32 / t_amp)"))

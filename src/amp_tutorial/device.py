@@ -24,6 +24,7 @@ import glob
 import inspect
 import os
 import platform
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -378,63 +379,122 @@ def describe_device(info: DeviceInfo | None = None) -> str:
 
 def has_fp32_precision_api() -> bool:
     """True where torch has the per-backend ``fp32_precision`` settings (torch >= 2.9), which
-    replace ``allow_tf32``; reading the old flags after setting the new ones raises there.
+    replace ``allow_tf32``; after only the new ones are set, the old getters can raise there.
     """
     cudnn = torch.backends.cudnn
     return hasattr(cudnn, "conv") and hasattr(torch.backends.cuda.matmul, "fp32_precision")
 
 
-def _precision(*levels: str, default: str) -> str:
-    """The first explicit setting from the most specific level up; "none" means "not set"."""
-    return next((level for level in levels if level != "none"), default)
+# What the course calls each kind of CUDA op, and the setting torch keeps for it: cuDNN's
+# convolutions and RNNs (``torch.backends.cudnn.conv`` / ``.rnn``), cuBLAS's matmuls
+# (``torch.backends.cuda.matmul``). All three sit under ``torch.backends.cudnn.fp32_precision``,
+# which is torch's ("cuda", "all") level, the parent of the matmuls too, and that under the
+# generic ``torch.backends.fp32_precision``.
+TF32_OPS = {"convolutions": ("cudnn", "conv"), "matmuls": ("cuda", "matmul"),
+            "rnns": ("cudnn", "rnn")}
 
 
-def tf32_state() -> dict[str, bool]:
-    """Whether CUDA convolutions and matmuls may use TF32 now, read with the API torch has.
+def _fp32_precision(kind: str) -> str:
+    """The precision torch computes one kind of CUDA op's fp32 in: the first of op, backend
+    ("cuda", "all") and generic level that is not ``"none"``; ``"none"`` where all three are,
+    which is no TF32 (full fp32).
+
+    That is ``Context::float32Precision`` in ``aten/src/ATen/Context.cpp`` (torch 2.9: op ->
+    backend "all" -> "generic"; the "none" it ends on is returned as it is, and the kernels ask
+    ``== "tf32"``, e.g. ``Context::allowTF32CuDNN(op)``). The Python getters
+    (``torch._C._get_fp32_precision_getter``, read by ``_FP32Precision.__getattr__`` in
+    ``torch/backends/__init__.py``) already return that resolved value on 2.9.0, 2.11.0 and
+    2.14.1 (probed: with every level "none" ``cudnn.conv`` reads "none"; with only
+    ``cudnn.fp32_precision = "tf32"`` the matmuls read "tf32"), so the walk up changes nothing
+    there and keeps the answer right where a getter returned the level's own setting. The
+    fresh values differ by release only inside: cuDNN's convolutions and RNNs start at "tf32" on
+    2.9 and 2.11 (``include/ATen/Context.h``) and at an internal ``DEFAULT`` on 2.14 that reads
+    "tf32" unless a parent level is set (2.14 only: ``torch.backends.fp32_precision = "ieee"``
+    makes them "ieee").
     """
+    backend, op = TF32_OPS[kind]
+    levels = (getattr(getattr(torch.backends, backend), op).fp32_precision,
+              torch.backends.cudnn.fp32_precision,  # torch's ("cuda", "all")
+              getattr(torch.backends, "fp32_precision", "none"))  # ("generic", "all")
+    return next((level for level in levels if level != "none"), "none")
+
+
+def tf32_state(rnns: bool = False) -> dict[str, bool]:
+    """Whether CUDA convolutions and matmuls (and with ``rnns``, cuDNN's RNNs) may use TF32 now,
+    read with the API torch has. The keys are ``"convolutions"``, ``"matmuls"`` (``"rnns"``).
+    """
+    kinds = [kind for kind in TF32_OPS if rnns or kind != "rnns"]
     if has_fp32_precision_api():
-        generic = getattr(torch.backends, "fp32_precision", "none")
-        conv = _precision(torch.backends.cudnn.conv.fp32_precision,
-                          torch.backends.cudnn.fp32_precision, generic, default="tf32")
-        matmul = _precision(torch.backends.cuda.matmul.fp32_precision, generic, default="ieee")
-        return {"convolutions": conv == "tf32", "matmuls": matmul == "tf32"}
-    return {"convolutions": torch.backends.cudnn.allow_tf32,
-            "matmuls": torch.backends.cuda.matmul.allow_tf32}
+        return {kind: _fp32_precision(kind) == "tf32" for kind in kinds}
+    legacy = {"convolutions": torch.backends.cudnn.allow_tf32,  # one flag for conv and RNN
+              "matmuls": torch.backends.cuda.matmul.allow_tf32,
+              "rnns": torch.backends.cudnn.allow_tf32}
+    return {kind: legacy[kind] for kind in kinds}
 
 
-def tf32_in_use(info: DeviceInfo) -> list[str]:
-    """What runs its fp32 in TF32 on this device now ("convolutions", "matmuls"): on Ampere and
-    newer NVIDIA GPUs cuDNN's convolutions do unless switched off (``set_strict_fp32``); nothing
-    elsewhere. TF32 keeps 10 of fp32's 23 mantissa bits, so "agrees to fp32 rounding" does not hold.
+def tf32_in_use(info: DeviceInfo, rnns: bool = False) -> list[str]:
+    """What runs its fp32 in TF32 on this device now ("convolutions", "matmuls", with ``rnns``
+    also "rnns"): on Ampere and newer NVIDIA GPUs cuDNN's convolutions (and RNNs) do unless
+    switched off (``set_strict_fp32``); nothing elsewhere, ROCm included. TF32 keeps 10 of fp32's
+    23 mantissa bits, so "agrees to fp32 rounding" does not hold.
     """
     if info.type != "cuda" or info.is_rocm:
         return []
     major, _ = torch.cuda.get_device_capability(info.device)
-    return [what for what, on in tf32_state().items() if on and major >= 8]
+    return [what for what, on in tf32_state(rnns).items() if on and major >= 8]
 
 
 def fp32_baseline(info: DeviceInfo) -> str:
-    """Name the fp32 baseline honestly: "fp32 (TF32 convolutions)" where ``tf32_in_use``."""
+    """Name the fp32 baseline honestly: "fp32 (TF32 convolutions)" where ``tf32_in_use``; "strict"
+    only where no kind of op uses TF32, cuDNN's RNNs included."""
     if info.type == "cuda" and not info.is_rocm:
-        parts = tf32_in_use(info)
-        return f"fp32 (TF32 {' and '.join(parts)})" if parts else "fp32 (strict, TF32 off)"
+        if parts := tf32_in_use(info):
+            return f"fp32 (TF32 {' and '.join(parts)})"
+        if tf32_in_use(info, rnns=True):
+            return "fp32 (TF32 RNNs)"
+        return "fp32 (strict, TF32 off)"
     return "fp32"
 
 
 def set_strict_fp32(strict: bool = True) -> None:
-    """Switch TF32 off (strict) or back to PyTorch's defaults (TF32 convolutions, fp32 matmuls).
+    """Switch TF32 off for every kind of CUDA op (strict: cuDNN's convolutions and RNNs, cuBLAS's
+    matmuls), or back to PyTorch's defaults (TF32 convolutions and RNNs, IEEE fp32 matmuls).
 
-    Uses ``torch.backends.cudnn.conv.fp32_precision`` / ``torch.backends.cuda.matmul
-    .fp32_precision`` where torch has them (mixing them with ``allow_tf32`` raises), else
-    ``allow_tf32``. Not strict restores the values a fresh process starts with: ``"tf32"`` for
-    cuDNN convolutions and ``"none"`` for matmuls (inherit the generic
-    ``torch.backends.fp32_precision``, itself ``"none"``: matmuls then run in full fp32, ieee).
+    Sets the new per-op settings (``cudnn.conv`` / ``cudnn.rnn`` / ``cuda.matmul
+    .fp32_precision``) and keeps the legacy ones in step, because torch still reads those: the
+    legacy ``torch.backends.cudnn.allow_tf32`` getter checks conv, RNN and its own flag agree
+    (``Context::allowTF32CuDNN`` in ``aten/src/ATen/Context.cpp``) and raises otherwise, and
+    ``torch.backends.cudnn.set_flags`` (``torch/backends/cudnn/__init__.py``) reads it on every
+    call, which ``torch.export`` makes on 2.11 and 2.14 (``_ignore_backend_decomps`` in
+    ``torch/export/_trace.py``); Inductor's convolution templates read it on 2.9 and 2.14
+    (``torch/_inductor/kernel/conv.py``); and torch 2.9's Inductor reads
+    ``torch.backends.cuda.matmul.allow_tf32`` for an fp32 matmul
+    (``_warn_tf32_disabled`` in ``torch/_inductor/compile_fx.py``, pytorch/pytorch#166387). So the
+    legacy cuDNN flag is set first (its setter, ``Context::setAllowTF32CuDNN``, sets conv and RNN
+    to "tf32" or "none"), then the per-op values; matmuls go through
+    ``torch.set_float32_matmul_precision`` (``Context::setFloat32MatmulPrecision``: the legacy
+    precision and the cuda and mkldnn matmul settings together). Checked on 2.9.0, 2.11.0 and
+    2.14.1: afterwards every legacy getter answers, and agrees.
+
+    Not strict puts back what a fresh process reads: "tf32" for cuDNN's convolutions and RNNs,
+    "none" (inherit: full fp32 while the parent levels are "none" too) for cuBLAS's and oneDNN's
+    matmuls, ``get_float32_matmul_precision() == "highest"``. On 2.14 a fresh process's cuDNN
+    values follow a later ``torch.backends.fp32_precision`` and these do not: that internal
+    ``DEFAULT`` cannot be set from Python ("Unknown precision").
     """
     if has_fp32_precision_api():
-        torch.backends.cudnn.conv.fp32_precision = "ieee" if strict else "tf32"
-        torch.backends.cuda.matmul.fp32_precision = "ieee" if strict else "none"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch 2.9 warns once that the legacy API will go
+            torch.backends.cudnn.allow_tf32 = not strict
+            torch.set_float32_matmul_precision("highest")  # cuda and mkldnn matmuls "ieee"
+        precision = "ieee" if strict else "tf32"
+        torch.backends.cudnn.conv.fp32_precision = precision
+        torch.backends.cudnn.rnn.fp32_precision = precision
+        if not strict:
+            torch.backends.cuda.matmul.fp32_precision = "none"
+            torch.backends.mkldnn.matmul.fp32_precision = "none"
         return
-    torch.backends.cudnn.allow_tf32 = not strict
+    torch.backends.cudnn.allow_tf32 = not strict  # one flag for cuDNN's convolutions and RNNs
     torch.backends.cuda.matmul.allow_tf32 = False
 
 

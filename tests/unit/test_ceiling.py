@@ -4,9 +4,9 @@ TF32 flags it reads (as each model's fp32 baseline runs), and when a ratio is no
 import pytest
 import torch
 
+import amp_tutorial.ceiling as ceiling_module
 from amp_tutorial.ceiling import (
     FP32_LIKE,
-    NOISY_SPREAD,
     Ceiling,
     MatmulRate,
     ceiling_dtypes,
@@ -14,8 +14,27 @@ from amp_tutorial.ceiling import (
     matmul_ceiling,
     matmul_flops,
 )
-from amp_tutorial.device import has_fp32_precision_api, select_device, set_strict_fp32, tf32_state
-from amp_tutorial.measure import Timing
+from amp_tutorial.device import (
+    dtype_name,
+    has_fp32_precision_api,
+    select_device,
+    set_strict_fp32,
+    tf32_in_use,
+    tf32_state,
+)
+from amp_tutorial.measure import NOISY_SPREAD, Timing
+from tests.unit.test_device import pretend_ampere, tf32_settings_kept
+
+
+@pytest.fixture
+def tf32_settings():
+    with tf32_settings_kept():
+        yield
+
+
+@pytest.fixture
+def fake_ampere(monkeypatch):
+    return pretend_ampere(monkeypatch)
 
 
 def test_flops_of_a_square_matmul_are_2n_cubed():
@@ -64,28 +83,16 @@ def test_a_live_measurement_has_every_size_and_dtype():
     assert all(len(r.timing.samples) == 3 and r.gflops > 0 for r in ceiling.rates)
 
 
-@pytest.fixture
-def tf32_flags():
-    """The TF32 settings as they are, restored after the test (they are process-wide)."""
-    names = [(torch.backends.cudnn.conv, "fp32_precision"),
-             (torch.backends.cuda.matmul, "fp32_precision")]
-    saved = [getattr(obj, attr) for obj, attr in names]
-    yield
-    for (obj, attr), value in zip(names, saved, strict=True):
-        setattr(obj, attr, value)
-
-
 @pytest.mark.skipif(not has_fp32_precision_api(), reason="torch < 2.9 has only allow_tf32")
-def test_strict_fp32_leaves_the_legacy_cudnn_flag_unreadable(tf32_flags):
-    # why the ceiling may not read torch.backends.cudnn.allow_tf32: after the new API set the
-    # convolutions to ieee (and cuDNN's RNNs stay tf32), the legacy flag refuses to answer
+def test_strict_fp32_leaves_the_legacy_flags_readable(tf32_settings):
+    # the ceiling reads the flags with the new API; after set_strict_fp32 the legacy ones answer
+    # too (issue 33 read cudnn.allow_tf32 after only the new API was set, and it raised)
     set_strict_fp32(True)
-    with pytest.raises(RuntimeError, match="legacy and new APIs"):
-        torch.backends.cudnn.allow_tf32  # noqa: B018
-    assert tf32_state() == {"convolutions": False, "matmuls": False}  # read the new way
+    assert torch.backends.cudnn.allow_tf32 is False
+    assert tf32_state(rnns=True) == {"convolutions": False, "matmuls": False, "rnns": False}
 
 
-def test_a_strict_fp32_ceiling_measures_without_raising(tf32_flags):
+def test_a_strict_fp32_ceiling_measures_without_raising(tf32_settings):
     # the branch `bench --strict-fp32` takes (issue 33: it raised on every CUDA GPU); the flags
     # are process-wide and need no GPU, so the CPU runs the same reads
     set_strict_fp32(True)
@@ -95,10 +102,11 @@ def test_a_strict_fp32_ceiling_measures_without_raising(tf32_flags):
     assert torch.backends.cudnn.conv.fp32_precision == "ieee"  # strict is left as it was set
 
 
-def test_the_fp32_row_runs_tf32_as_each_model_s_baseline_does(tf32_flags):
+def test_the_fp32_row_runs_tf32_as_each_model_s_baseline_does(tf32_settings, fake_ampere):
     set_strict_fp32(False)  # PyTorch's defaults: TF32 convolutions, IEEE fp32 matmuls
     before = torch.backends.cuda.matmul.fp32_precision
-    allow = {model: tf32_state()[fp32_like] for model, fp32_like in FP32_LIKE.items()}
+    allow = {model: fp32_like in tf32_in_use(fake_ampere)
+             for model, fp32_like in FP32_LIKE.items()}
     assert allow == {"conv": True, "transformer": False}
     with cuda_matmul_tf32(allow["conv"]):
         assert tf32_state()["matmuls"] is True  # the ConvModel's fp32 matmul row: TF32
@@ -107,6 +115,39 @@ def test_the_fp32_row_runs_tf32_as_each_model_s_baseline_does(tf32_flags):
         assert tf32_state()["matmuls"] is False
     set_strict_fp32(True)
     assert not any(tf32_state()[like] for like in FP32_LIKE.values())  # strict: no TF32 anywhere
+
+
+def _timed_rows(monkeypatch, info, fp32_like):
+    """matmul_ceiling on ``info`` with the timing replaced: which rows it asks for with TF32, and
+    the notes it prints (a fake CUDA device runs nothing)."""
+    asked = []
+
+    def fake_rate(n, dtype, device, tf32=False, **options):
+        asked.append((dtype_name(dtype), tf32))
+        return MatmulRate(n, dtype_name(dtype), Timing((1e-3,)))
+
+    monkeypatch.setattr(ceiling_module, "matmul_rate", fake_rate)
+    ceiling = matmul_ceiling(info, (64,), fp32_like)
+    return dict(asked), ceiling.notes
+
+
+def test_the_fp32_row_uses_tf32_only_where_the_baseline_does(tf32_settings, fake_ampere,
+                                                              monkeypatch):
+    """Issue 46: on ROCm the ConvModel's fp32 row was timed with TF32 and labelled so, though
+    ``tf32_in_use`` says ROCm never uses it; so too on an NVIDIA GPU older than Ampere."""
+    asked, notes = _timed_rows(monkeypatch, fake_ampere, "convolutions")
+    assert asked["fp32"] is True and any("TF32" in note for note in notes)
+    asked, notes = _timed_rows(monkeypatch, fake_ampere, "matmuls")
+    assert asked["fp32"] is False and not any("TF32" in note for note in notes)
+    monkeypatch.setattr(torch.version, "hip", "7.1.25424")  # ROCm: the same flags, no TF32
+    assert tf32_state()["convolutions"] is True
+    asked, notes = _timed_rows(monkeypatch, fake_ampere, "convolutions")
+    assert asked == {"fp32": False, "fp16": False, "bf16": False}
+    assert not any("TF32" in note for note in notes)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    asked, notes = _timed_rows(monkeypatch, fake_ampere, "convolutions")  # a V100
+    assert asked["fp32"] is False and not any("TF32" in note for note in notes)
 
 
 def _ceiling(times: dict[tuple[int, str], tuple[float, ...]], emulated=()) -> Ceiling:

@@ -2,6 +2,7 @@
 fix, leaves the model as it was, sends nothing anywhere, and answers bad input in one line."""
 
 import ast
+import dataclasses
 import json
 import math
 import os
@@ -13,10 +14,12 @@ import torch
 from torch import nn
 
 import amp_tutorial.checkup as checkup_module
+from amp_tutorial.autocast_policy import OpTrace
 from amp_tutorial.ceiling import Ceiling, MatmulRate
-from amp_tutorial.checkup import CheckupError, amp_checkup, main
-from amp_tutorial.device import dtype_name, select_device
+from amp_tutorial.checkup import CheckupError, _advice, amp_checkup, main
+from amp_tutorial.device import dtype_name, has_fp32_precision_api, select_device, tf32_state
 from amp_tutorial.measure import Timing
+from tests.unit.test_device import pretend_ampere, tf32_settings_kept
 
 # a ceiling from fixed numbers, so no test spends its time on matmuls
 CEILING = Ceiling(tuple(MatmulRate(64, d, Timing((t,))) for d, t in
@@ -227,3 +230,80 @@ def test_free_memory_on_a_cpu_counts_the_page_cache_the_kernel_can_drop():
     free_pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # MemFree only
     assert checkup_module.free_bytes_on(torch.device("cpu")) >= free_pages * 0.9  # MemAvailable
     assert checkup_module.bytes_needed(nn.Linear(1024, 1024)) == 5 * (1024 * 1024 + 1024) * 4
+
+
+def test_the_fp32_time_share_counts_the_casts_in_the_whole():
+    """What the docstring says: fp32 op time over all op time, the casts autocast inserts in the
+    total (issue 46: it said they were counted as neither)."""
+    model, batch, loss_fn = make_clean()
+    report = amp_checkup(model, batch, loss_fn, dtype=torch.bfloat16, **OPTIONS)
+    report = dataclasses.replace(report, ops=[
+        OpTrace("addmm", ("bf16", "bf16", "bf16"), "bf16", "0", 1.0),
+        OpTrace("mse_loss", ("fp32", "fp32"), "fp32", "(loss)", 1.0),
+        OpTrace("_to_copy", ("fp32",), "bf16", "0", 2.0)])  # a cast: half the time
+    assert report.fp32_time_share == pytest.approx(0.25)  # not 0.5: the casts are in the total
+    doc = " ".join(type(report).fp32_time_share.__doc__.split())
+    assert "the casts autocast inserts included in that total" in doc
+
+
+def test_free_memory_on_a_gpu_counts_what_the_caching_allocator_holds_free(monkeypatch):
+    """cudaMemGetInfo counts the allocator's cached blocks as used; the check-up's tensors can use
+    them, so the too-big check adds reserved - allocated (issue 46)."""
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 30 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10 * gib)
+    assert checkup_module.free_bytes_on(torch.device("cuda", 0)) == 22 * gib
+
+
+@pytest.fixture
+def tf32_settings():
+    with tf32_settings_kept():
+        yield
+
+
+@pytest.fixture(scope="module")
+def fixed():
+    return checked(RawCountsFixed, torch.float16)
+
+
+def tf32_advice(report, info, dtype):
+    return [a for a in _advice(report, info, dtype) if "float32_matmul_precision" in a.line]
+
+
+def test_tf32_advice_only_where_fp32_matmuls_remain(monkeypatch, tf32_settings, fixed):
+    """Issue 43: the TF32 line is printed only where matmuls still run in fp32 under autocast
+    (here the fixed model's stem.0, in its fp32 region); a model whose matmuls all run in the
+    low dtype gets none."""
+    h100 = pretend_ampere(monkeypatch)
+    assert any(op.where == "stem.0" and op.op == "addmm" for op in fixed.fp32_matmuls)
+    [advice] = tf32_advice(fixed, h100, torch.float16)
+    assert advice.line.startswith('torch.set_float32_matmul_precision("high")')
+    assert "addmm in stem.0" in advice.why
+    model, batch, loss_fn = make_clean()
+    clean = amp_checkup(model, batch, loss_fn, dtype=torch.bfloat16, **OPTIONS)
+    assert clean.fp32_matmuls == [] and tf32_advice(clean, h100, torch.bfloat16) == []
+    monkeypatch.setattr(torch.version, "hip", "7.1.25424")  # ROCm: no TF32 to advise
+    assert tf32_advice(fixed, h100, torch.float16) == []
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert tf32_advice(fixed, h100, torch.float16) == []  # a T4 has no TF32
+
+
+@pytest.mark.skipif(not has_fp32_precision_api(), reason="this torch has only allow_tf32")
+def test_following_the_tf32_advice_keeps_the_legacy_getters_answering(monkeypatch,
+                                                                      tf32_settings, fixed):
+    """The old line set only ``cuda.matmul.fp32_precision``, after which the legacy getters
+    raise (and torch 2.9's Inductor reads one for an fp32 matmul, pytorch/pytorch#166387); the
+    advice's own line sets both, on the torch this runs on."""
+    h100 = pretend_ampere(monkeypatch)
+    [advice] = tf32_advice(fixed, h100, torch.float16)
+    torch.backends.cuda.matmul.fp32_precision = "tf32"  # what the old advice did
+    with pytest.raises(RuntimeError, match="legacy and new"):
+        torch.backends.cuda.matmul.allow_tf32  # noqa: B018
+    torch.backends.cuda.matmul.fp32_precision = "none"
+    exec(advice.line, {"torch": torch})  # follow the advice as written
+    assert tf32_state()["matmuls"] is True
+    assert torch.backends.cuda.matmul.allow_tf32 is True
+    assert torch.get_float32_matmul_precision() == "high"
+    assert tf32_advice(fixed, h100, torch.float16) == []  # followed: not advised again

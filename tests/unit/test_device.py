@@ -1,9 +1,12 @@
 """Device selection: the right device, a clear error for one that is missing, honest dtypes."""
 
 import inspect
+import json
 import os
 import subprocess
 import sys
+import warnings
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -13,6 +16,7 @@ from amp_tutorial.device import (
     DEVICE_ENV,
     DTYPE_ENV,
     ONEDNN_ISA_CAPS,
+    DeviceInfo,
     DeviceNotAvailableError,
     _put_first,
     _requested_dtype,
@@ -27,6 +31,7 @@ from amp_tutorial.device import (
     rocm_bf16_native,
     select_device,
     set_strict_fp32,
+    tf32_in_use,
     tf32_state,
 )
 
@@ -125,41 +130,175 @@ def test_gpu_offers_bf16_only_where_native():
     assert says_why is not native  # a GPU without native bf16 says why (and only that one)
 
 
-@pytest.fixture
-def restore_tf32():
+def _tf32_snapshot() -> dict[str, object]:
+    """Every TF32 setting torch has, legacy and new (each read can raise in a mixed state)."""
+    b = torch.backends
+    reads = {"cudnn.allow_tf32": lambda: b.cudnn.allow_tf32,
+             "matmul.allow_tf32": lambda: b.cuda.matmul.allow_tf32}
     if has_fp32_precision_api():
-        saved = (torch.backends.cudnn.conv.fp32_precision,
-                 torch.backends.cuda.matmul.fp32_precision)
-        yield
-        torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision = saved
-    else:
-        saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
-        yield
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+        reads = {**reads, "float32_matmul_precision": torch.get_float32_matmul_precision,
+                 "generic": lambda: b.fp32_precision, "cuda": lambda: b.cudnn.fp32_precision,
+                 "conv": lambda: b.cudnn.conv.fp32_precision,
+                 "rnn": lambda: b.cudnn.rnn.fp32_precision,
+                 "matmul": lambda: b.cuda.matmul.fp32_precision,
+                 "mkldnn.matmul": lambda: b.mkldnn.matmul.fp32_precision}
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch 2.9 warns that the legacy API will go
+        for name, read in reads.items():
+            try:
+                out[name] = read()
+            except RuntimeError:
+                out[name] = "raises"
+    return out
 
 
-def test_strict_fp32_switch_uses_the_installed_api(restore_tf32):
+@contextmanager
+def tf32_settings_kept():
+    """Every TF32 setting as it is, all put back after the block (they are process-wide)."""
+    saved = _tf32_snapshot()
+    try:
+        yield saved
+    finally:
+        b = torch.backends
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch 2.9 warns that the legacy API will go
+            if saved["cudnn.allow_tf32"] != "raises":  # a mixed state is put back below
+                b.cudnn.allow_tf32 = saved["cudnn.allow_tf32"]
+            if not has_fp32_precision_api():
+                b.cuda.matmul.allow_tf32 = saved["matmul.allow_tf32"]
+            elif saved["float32_matmul_precision"] != "raises":
+                torch.set_float32_matmul_precision(saved["float32_matmul_precision"])
+        if has_fp32_precision_api():
+            b.fp32_precision, b.cudnn.fp32_precision = saved["generic"], saved["cuda"]
+            b.cudnn.conv.fp32_precision, b.cudnn.rnn.fp32_precision = saved["conv"], saved["rnn"]
+            b.cuda.matmul.fp32_precision = saved["matmul"]
+            b.mkldnn.matmul.fp32_precision = saved["mkldnn.matmul"]
+        assert _tf32_snapshot() == saved
+
+
+@pytest.fixture
+def tf32_settings():
+    with tf32_settings_kept() as saved:
+        yield saved
+
+
+needs_fp32_precision = pytest.mark.skipif(not has_fp32_precision_api(),
+                                          reason="this torch has only allow_tf32")
+
+# a CUDA device as the course sees an H100 (compute capability 9.0): nothing here runs on it
+FAKE_H100 = DeviceInfo(torch.device("cuda"), "CUDA 13.0", "a fake H100",
+                       (torch.float16, torch.bfloat16), True)
+
+
+def pretend_ampere(monkeypatch) -> DeviceInfo:
+    """``FAKE_H100``, with torch answering as on that GPU where the course asks (no ROCm)."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.version, "hip", None)
+    return FAKE_H100
+
+
+@pytest.fixture
+def fake_ampere(monkeypatch):
+    return pretend_ampere(monkeypatch)
+
+
+def test_strict_fp32_switch_uses_the_installed_api(tf32_settings):
     assert tf32_state() == {"convolutions": True, "matmuls": False}  # PyTorch's defaults
     set_strict_fp32(True)
     assert tf32_state() == {"convolutions": False, "matmuls": False}
-    if has_fp32_precision_api():  # the new settings, not allow_tf32 (mixing them raises)
+    if has_fp32_precision_api():
         assert torch.backends.cudnn.conv.fp32_precision == "ieee"
         assert torch.backends.cuda.matmul.fp32_precision == "ieee"
     set_strict_fp32(False)
     assert tf32_state() == {"convolutions": True, "matmuls": False}
 
 
-def test_non_strict_restores_what_a_fresh_process_starts_with(restore_tf32):
-    if not has_fp32_precision_api():
-        pytest.skip("this torch has no fp32_precision settings")
-    read = ("import torch; b = torch.backends; "
-            "print(b.cudnn.conv.fp32_precision, b.cuda.matmul.fp32_precision)")
-    fresh = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True,
-                           check=True).stdout.split()
+def test_strict_fp32_is_strict_for_rnns_too(tf32_settings):
+    """Issue 46: ``set_strict_fp32(True)`` left ``cudnn.rnn.fp32_precision = "tf32"``."""
+    assert tf32_state(rnns=True) == {"convolutions": True, "matmuls": False, "rnns": True}
+    set_strict_fp32(True)
+    assert tf32_state(rnns=True) == {"convolutions": False, "matmuls": False, "rnns": False}
+    if has_fp32_precision_api():
+        assert torch.backends.cudnn.rnn.fp32_precision == "ieee"
+    set_strict_fp32(False)
+    assert tf32_state(rnns=True)["rnns"] is True
+
+
+@needs_fp32_precision
+def test_strict_fp32_keeps_the_legacy_getters_answering(tf32_settings):
+    """The legacy getters check that they agree with the new settings and raise where they do
+    not; torch reads them itself (``cudnn.set_flags``, hence ``torch.export`` from 2.11;
+    Inductor's convolution templates; 2.9's Inductor ``matmul.allow_tf32``)."""
+    for strict in (True, False):
+        set_strict_fp32(strict)
+        assert torch.backends.cudnn.allow_tf32 is not strict  # raised after the new API alone
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+        assert torch.get_float32_matmul_precision() == "highest"
+        torch.backends.cudnn.set_flags(*torch.backends.cudnn.set_flags(False))
+    set_strict_fp32(True)
+    exported = torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
+    assert exported.graph_module is not None
+
+
+@needs_fp32_precision
+@pytest.mark.parametrize(("settings", "expected"), [
+    ({}, {"convolutions": True, "matmuls": False, "rnns": True}),  # a fresh process
+    # every level "none": torch resolves it to "none", no TF32 (the old reading said TF32)
+    ({"conv": "none", "rnn": "none"}, {"convolutions": False, "matmuls": False, "rnns": False}),
+    # ("cuda", "all") is torch.backends.cudnn.fp32_precision, the parent of the matmuls too
+    ({"conv": "none", "rnn": "none", "cuda": "tf32"},
+     {"convolutions": True, "matmuls": True, "rnns": True}),
+    ({"matmul": "none", "generic": "tf32"},
+     {"convolutions": True, "matmuls": True, "rnns": True}),
+    ({"matmul": "ieee", "cuda": "tf32"}, {"convolutions": True, "matmuls": False, "rnns": True}),
+    ({"rnn": "ieee"}, {"convolutions": True, "matmuls": False, "rnns": False}),
+], ids=["fresh", "all-none", "cuda-level", "generic-level", "op-level-wins", "rnn-only"])
+def test_tf32_state_reads_the_chain_as_torch_resolves_it(tf32_settings, settings, expected):
+    """op -> ("cuda", "all") -> generic, the first level not "none" (``Context::float32Precision``
+    in ``aten/src/ATen/Context.cpp``); the same on torch 2.9.0, 2.11.0 and 2.14.1 (probed)."""
+    handles = {"conv": torch.backends.cudnn.conv, "rnn": torch.backends.cudnn.rnn,
+               "matmul": torch.backends.cuda.matmul, "cuda": torch.backends.cudnn,
+               "generic": torch.backends}
+    for name, value in settings.items():
+        handles[name].fp32_precision = value
+    assert tf32_state(rnns=True) == expected
+    assert tf32_state() == {k: v for k, v in expected.items() if k != "rnns"}
+    # torch's own getters answer with the resolved value, and agree
+    resolved = {"convolutions": torch.backends.cudnn.conv.fp32_precision,
+                "matmuls": torch.backends.cuda.matmul.fp32_precision,
+                "rnns": torch.backends.cudnn.rnn.fp32_precision}
+    assert {k: v == "tf32" for k, v in resolved.items()} == expected
+
+
+def test_the_baseline_is_named_by_what_runs_in_tf32(tf32_settings, fake_ampere):
+    assert fp32_baseline(fake_ampere) == "fp32 (TF32 convolutions)"
+    set_strict_fp32(True)
+    assert tf32_in_use(fake_ampere, rnns=True) == []
+    assert fp32_baseline(fake_ampere) == "fp32 (strict, TF32 off)"
+    if has_fp32_precision_api():
+        torch.backends.cudnn.rnn.fp32_precision = "tf32"  # strict is not strict with this on
+        assert fp32_baseline(fake_ampere) == "fp32 (TF32 RNNs)"
+
+
+def test_rocm_never_counts_tf32_whatever_the_flags(tf32_settings, fake_ampere, monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", "7.1.25424")
+    assert fake_ampere.is_rocm
+    assert tf32_state()["convolutions"] is True  # the flag says TF32 ...
+    assert tf32_in_use(fake_ampere, rnns=True) == []  # ... ROCm does not use it
+    assert fp32_baseline(fake_ampere) == "fp32"
+
+
+@needs_fp32_precision
+def test_non_strict_restores_what_a_fresh_process_starts_with(tf32_settings):
+    read = ("import json, warnings, torch\nfrom amp_tutorial.device import has_fp32_precision_api\n"
+            f"{inspect.getsource(_tf32_snapshot)}print(json.dumps(_tf32_snapshot()))")
+    fresh = json.loads(subprocess.run([sys.executable, "-c", read], capture_output=True,
+                                      text=True, check=True).stdout)
     set_strict_fp32(True)
     set_strict_fp32(False)
-    now = [torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision]
-    assert now == fresh  # "tf32" and "none" (inherit) on torch 2.14, not "ieee" for matmuls
+    # "tf32" for cuDNN, "none" (inherit) for the matmuls, not "ieee"; legacy getters answer
+    assert _tf32_snapshot() == fresh
 
 
 @pytest.mark.parametrize("native", [True, False])
