@@ -104,7 +104,9 @@ USER ${NB_UID}:${NB_GID}
 WORKDIR /home/learner/notebooks
 ENV AMP_TUTORIAL_NOTEBOOKS=/home/learner/notebooks
 EXPOSE 8888
-# Under the hub the server lives below JUPYTERHUB_SERVICE_PREFIX (/user/<name>/).
-HEALTHCHECK --interval=5s --timeout=3s --start-period=30s --retries=3 \
+# Under the hub the server lives below JUPYTERHUB_SERVICE_PREFIX (/user/<name>/). A failed probe
+# in the start period does not count and the first answer makes it healthy at once: on a busy
+# 2-core machine the server took over 45 s to answer, and was marked unhealthy at 30 s.
+HEALTHCHECK --interval=5s --timeout=3s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:8888' + os.environ.get('JUPYTERHUB_SERVICE_PREFIX', '/') + 'api', timeout=2)"]
 CMD ["start-lab"]

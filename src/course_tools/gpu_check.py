@@ -356,9 +356,10 @@ class Run:
         except (OSError, ValueError):
             result = None
         if result is None:
-            entry.update(status=FAILED, detail=("killed at its limit before its first cell"
-                                                if child.timed_out else last_error_line(child.log)
-                                                or f"exit status {code}, no result"))
+            entry.update(status=FAILED, detail=(
+                f"killed at its limit, {entry['limit_s']:.0f} s, before its first cell"
+                if child.timed_out else last_error_line(child.log)
+                or f"exit status {code}, no result"))
             return
         entry["max_memory_allocated"] = result.get("max_memory_allocated")
         entry["gpu_started"] = result.get("gpu_started")  # peaks_outcome needs both
