@@ -36,8 +36,10 @@ from amp_tutorial.device import (
     fp32_baseline,
     select_device,
     set_strict_fp32,
+    tf32_in_use,
 )
 from amp_tutorial.host_memory import MALLOC_ENV, keep_freed_memory
+from amp_tutorial.ladder import matmul_rate_tflops
 from amp_tutorial.measure import (
     Timing,
     fresh_compile_cache,
@@ -46,6 +48,7 @@ from amp_tutorial.measure import (
     saved_activation_bytes,
     time_steps,
 )
+from amp_tutorial.mfu import Utilization, compute_dtype, peak_for, percent, step_flops
 from amp_tutorial.models import ConvModel
 from amp_tutorial.presets import Preset, UnknownPresetError, get_preset
 from amp_tutorial.reversal_task import make_transformer_problem, sequence_loss
@@ -88,6 +91,10 @@ class ModeResult:
     infer_compile_s: float | None = None
     matmul_ceiling: float | None = None  # best t_fp32 / t_amp_dtype of a matmul, this run; None
     # where that ratio bounds nothing (an emulated dtype, noisy timings: Ceiling.why_no_ceiling)
+    train_flops: int | None = None  # model FLOPs of one training step (FlopCounterMode, meta)
+    train_tflops: float | None = None  # achieved: train_flops / train_median_s
+    mfu: float | None = None  # train_tflops / the GPU's datasheet peak of its dtype (mfu.PEAKS)
+    of_matmul: float | None = None  # train_tflops / this run's measured matmul rate of its dtype
 
 
 def run_mode(
@@ -290,6 +297,32 @@ def add_ceiling(results: list[ModeResult], ceiling: Ceiling) -> None:
             r.matmul_ceiling = ceiling.ceiling(r.amp_dtype)
 
 
+def model_step_flops(model: str, preset: Preset) -> int:
+    """Model FLOPs of one training step of ``model`` at ``preset`` (counted on meta tensors)."""
+    if model == "transformer":
+        t = preset.transformer
+        config = TransformerConfig(t.n_symbols + 1, t.seq_len, t.d_model, t.n_layers, t.n_heads)
+        return step_flops(lambda: (DecoderTransformer(config), (
+            torch.zeros(t.batch, t.seq_len, dtype=torch.long),) * 2),
+            lambda m, x, y: sequence_loss(m(x), y))
+    return step_flops(lambda: (ConvModel(preset.hidden, preset.n_hidden_layers), (
+        torch.zeros(1, 2, preset.grid, preset.grid), torch.zeros(1, 1, preset.grid, preset.grid))),
+        lambda m, x, y: torch.nn.functional.mse_loss(m(x), y))
+
+
+def add_utilization(results: list[ModeResult], flops: int, info: DeviceInfo, ceiling: Ceiling,
+                    fp32_like: str) -> None:
+    """Each row's achieved TFLOP/s, MFU (against the datasheet peak of the dtype it computes in;
+    fp32 rows against TF32's where its matmuls or convolutions use TF32) and share of the
+    measured matmul rate."""
+    peak = peak_for(info.name, info.type)
+    for r in results:
+        compute = compute_dtype(r.amp_dtype, tf32=fp32_like in tf32_in_use(info))
+        u = Utilization(flops, r.train_median_s, peak.tflops.get(compute) if peak else None,
+                        matmul_rate_tflops(ceiling, compute))
+        r.train_flops, r.train_tflops, r.mfu, r.of_matmul = flops, u.tflops, u.mfu, u.of_matmul
+
+
 def gain_lines(results: list[ModeResult], ceiling: Ceiling) -> list[str]:
     """Each AMP row's gains next to its matmul ceiling (what the rest of the step costs), or
     what the matmul ratio is where it bounds nothing."""
@@ -336,6 +369,14 @@ def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
              + ("accuracy = answer tokens right on held-out sequences;\n" if with_accuracy else "")
              + "ratio = mode / fp32; peak MB is the caching allocator's peak (n/a on CPU and "
              "MPS);\nsaved activations = bytes autograd keeps for backward in one forward + loss.")
+    if any(r.train_tflops is not None for r in results):
+        flops_table = _table(
+            ["mode", "GFLOP/step", "TFLOP/s", "MFU", "of matmul"],
+            [[r.mode, f"{r.train_flops / 1e9:.4g}", f"{r.train_tflops:.3g}", percent(r.mfu),
+              percent(r.of_matmul)] for r in results if r.train_tflops is not None])
+        memory_table += ("\n\nUtilization (training; MFU = achieved / the GPU's datasheet peak "
+                         "of the dtype, of matmul = achieved / the matmul rate measured below)\n"
+                         + flops_table)
     text = f"{header}\n\nTime\n{time_table}\n\nMemory\n{memory_table}\n\n{notes}"
     if ceiling is None:
         return text
@@ -404,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
             results = run_benchmark(info, preset, progress=not args.no_progress,
                                     memory_format=args.memory_format, compile_backend=args.compile)
     add_ceiling(results, ceiling)
+    add_utilization(results, model_step_flops(args.model, preset), info, ceiling,
+                    FP32_LIKE[args.model])
     report = {
         "device": str(info.device), "backend": info.backend, "device_name": info.name,
         "torch": torch.__version__, "preset": asdict(preset), "baseline": results[0].mode,

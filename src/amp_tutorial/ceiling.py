@@ -174,6 +174,12 @@ class Ceiling:
         return [n for n in self.sizes
                 if not (self.rate(n, "fp32").noisy or self.rate(n, dtype).noisy)]
 
+    def best_gflops(self, dtype: str) -> float:
+        """The fastest median rate of a ``dtype`` matmul over the sizes whose timings are not
+        noise (over all sizes where every one is): what a matmul-only step could reach here."""
+        quiet = [n for n in self.sizes if not self.rate(n, dtype).noisy] or self.sizes
+        return max(self.rate(n, dtype).gflops for n in quiet)
+
     def why_no_ceiling(self, dtype: str) -> str | None:
         """None where the ratio is a ceiling for ``dtype``; else, in words, why it is not one."""
         if dtype in self.emulated:

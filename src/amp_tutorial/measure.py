@@ -254,6 +254,7 @@ def time_steps(
     desc: str | None = None,
     progress: bool = True,
     keep_all: bool = True,
+    budget_s: float | None = None,
 ) -> tuple[Timing, list[object]]:
     """A :class:`StepTimer` around ``step(i)``, for code that times a function rather than
     showing its loop (the benchmark, one forward pass, one attention call).
@@ -262,7 +263,8 @@ def time_steps(
     ``step(n_steps - 1)`` timed. Returns the timing and what the timed steps returned (e.g.
     losses as Python floats, so no graph is kept alive). ``keep_all=False`` keeps only the last
     step's result, so that timed forward passes do not hold every output and the peak memory
-    read afterwards is one pass's, not all of them.
+    read afterwards is one pass's, not all of them. ``budget_s``: stop early, after at least 3
+    timed steps, once the timed steps took that many seconds (a slow mode gets fewer samples).
     """
     if n_steps < 1:
         raise ValueError(f"n_steps must be at least 1, got {n_steps}")
@@ -274,9 +276,13 @@ def time_steps(
     for i in tqdm(range(n_steps), desc=desc, disable=not progress):
         with timer.step():
             result = step(i)
-        if keep_all or i == n_steps - 1:
+        last = i == n_steps - 1 or (budget_s is not None and len(timer.samples) >= 3
+                                    and sum(timer.samples) > budget_s)
+        if keep_all or last:
             results.append(result)
         del result  # with keep_all=False, the last output is the only one kept
+        if last:
+            break
     return timer.timing, results
 
 

@@ -326,3 +326,84 @@ def plot_scale_history(scales: Mapping[str, Sequence[float]] | Sequence[float], 
     fig.tight_layout()
     return fig
 
+
+
+GROUP_COLOURS: dict[str, str] = {  # amp_tutorial.step_profile.GROUPS
+    "matmul": "#1f77b4", "attention": "#9467bd", "memory-bound": "#ff7f0e",
+    "optimizer": "#8c564b", "idle": "#c7c7c7"}
+
+
+def plot_utilization(rows: Sequence[tuple[str, float, float | None]], measure: str,
+                     title: str, goal: float | None = None) -> Figure:
+    """One horizontal bar per rung (label, share, quartile spread as a share or None), in the
+    colour of the dtype its label names, the share printed at its end; ``goal`` as a line."""
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.4))
+    labels = [r[0] for r in rows][::-1]
+    values = [r[1] for r in rows][::-1]
+    errors = [r[2] or 0.0 for r in rows][::-1]
+    bars = ax.barh(range(len(rows)), values, xerr=errors, capsize=3,
+                   color=[colour_for(label) for label in labels])
+    ax.bar_label(bars, labels=[f"{v:.1%}" for v in values], padding=4, fontsize=8)
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    if goal is not None:
+        ax.axvline(goal, color=MARKS["lost"], linestyle="--", label=f"goal {goal:.0%}")
+        ax.legend(fontsize=8, loc="lower right")
+    ax.set(title=title, xlabel=measure)
+    ax.set_xlim(0, max([*values, goal or 0]) * 1.25 or 1)
+    ax.xaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
+    fig.tight_layout()
+    return fig
+
+
+def plot_time_shares(shares: Mapping[str, Mapping[str, float]], title: str) -> Figure:
+    """One stacked horizontal bar per rung: each group's share of the step, left to right."""
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(shares) + 1.6))
+    names = list(shares)[::-1]
+    left = np.zeros(len(names))
+    for group, colour in GROUP_COLOURS.items():
+        widths = np.array([shares[n].get(group, 0.0) for n in names])
+        ax.barh(range(len(names)), widths, left=left, color=colour, label=group)
+        for y, (x, w) in enumerate(zip(left, widths, strict=True)):
+            if w >= 0.07:
+                ax.text(x + w / 2, y, f"{w:.0%}", ha="center", va="center", fontsize=7)
+        left += widths
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set(title=title, xlabel="share of the step's time", xlim=(0, 1))
+    ax.xaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
+    ax.legend(fontsize=7, ncols=5, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    fig.tight_layout()
+    return fig
+
+
+def plot_sweep(curves: Mapping[str, Mapping[int, tuple[float, float]]], title: str,
+               measure: str) -> Figure:
+    """Left: each curve's value (``measure``, e.g. MFU) over the model's width; right: AMP's
+    speedup over fp32 at each width, for every AMP curve with an fp32 curve of the same tokens.
+    ``curves``: label -> {width: (value, ms per step)}; labels "fp32, N tokens", "AMP bf16, ..."."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for label, points in curves.items():
+        widths = sorted(points)
+        style = "-" if label.startswith("fp32") else "--"
+        left.plot(widths, [points[w][0] for w in widths], style, marker="o",
+                  color=colour_for(label), label=label,
+                  alpha=1.0 if "x" not in label.split(",")[-1] else 0.55)
+        if not label.startswith("fp32"):
+            base = curves.get("fp32," + label.split(",", 1)[1])
+            if base:
+                shared = [w for w in widths if w in base]
+                right.plot(shared, [base[w][1] / points[w][1] for w in shared], marker="o",
+                           color=colour_for(label), label=label)
+    right.axhline(1.0, color=MARKS["normal"], linewidth=1)
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({w for p in curves.values() for w in p}))
+        ax.xaxis.set_major_formatter(lambda v, _: f"{v:.0f}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    left.set(title=measure, xlabel="width (d_model)", ylabel=measure)
+    left.yaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
+    right.set(title="AMP speedup over fp32 (t_fp32 / t_AMP)", xlabel="width (d_model)",
+              ylabel="speedup")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -24,7 +24,14 @@ complete files. Each register row is decided by a check (``ROW_CHECKS``): whole 
 lesson cell (found by a piece of its code), the bench runs, a probe, or the lessons' peaks. Rows
 about ROCm, MPS, XPU or several GPUs are "not decidable" on one CUDA GPU and say what they need.
 ``python -m course_tools.gpu_register fill OUT/verdict.json`` writes a GPU run's verdicts into the
-register's column "last run on a GPU".
+register's column "last run on a GPU", with the preset each row ran at and the commit checked
+(``--commit``, else ``AMP_TUTORIAL_COMMIT``, else ``git rev-parse HEAD`` where there is a ``.git``).
+
+A lesson that passes on a CUDA GPU without taking its GPU path fails there: lessons 14 and 16 catch
+a failing compile or ``import torchao`` so that they run on every machine, so the child that runs
+a lesson also records what its GPU path left in its namespace (``PATH_FACTS``), and
+``gpu_path_failure`` fails the lesson where Inductor did not compile every run or an FP8-capable
+GPU (compute capability 8.9+) trained no FP8. On a CPU nothing is judged by it.
 
 ``--device cpu --preset smoke`` runs the same parts on a CPU (CI does, in
 ``tests/unit/test_gpu_check.py``); there no row is decided, but every check runs.
@@ -68,6 +75,8 @@ BENCH_RUNS = (("conv", False), ("conv", True), ("transformer", False), ("transfo
 PRESET_ENV = "AMP_TUTORIAL_PRESET"  # as amp_tutorial.presets reads it
 MIN_START_S = 5.0  # a part is not started with less time than this left
 PASSED, FAILED, NOT_REACHED, NOT_DECIDABLE = "passed", "failed", "not reached", "not decidable"
+COMMIT_ENV = "AMP_TUTORIAL_COMMIT"  # the commit checked, where the tree has no .git (the lent GPU)
+UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,12 @@ class Check:
     probe: str | None = None
     peaks: bool = False
     needs: str | None = None
+
+    @property
+    def sized(self) -> bool:
+        """Whether the row's claim is about a problem size: its check runs a lesson or the bench
+        (every lesson's GPU claim is about ``paper``, docs/testing.md)."""
+        return not self.needs and bool(self.lessons or self.bench or self.peaks)
 
 
 ROW_CHECKS: dict[str, Check] = {
@@ -133,6 +148,137 @@ ROW_CHECKS: dict[str, Check] = {
     "device-cuda-bf16": Check(probe="cuda-bf16"),
     "device-xpu-bf16": Check(needs="XPU"),
 }
+
+
+def _facts_14(ns: dict[str, Any]) -> dict[str, Any]:
+    """Lesson 14: the device, the compile backend, and which of the training runs it tried ran
+    (each is in a ``try``: a failed compile prints a line and the lesson goes on)."""
+    name = ns["dtype_name"]
+    return {"device": ns["info"].type, "preset": ns["preset"].name, "backend": ns["BACKEND"],
+            "backend_reason": str(ns["backend_reason"]), "models": list(ns["MODELS"]),
+            "dtypes": [name(None), name(ns["LOW"])],
+            "runs": [[r["model"], r["run"]] for r in ns["compile_runs"]]}
+
+
+def _facts_16(ns: dict[str, Any]) -> dict[str, Any]:
+    """Lesson 16: whether it saw FP8 matrix cores, whether torchao imported, where FP8 trained."""
+    return {"fp8_fast": bool(ns["fp8_fast"]), "fp8_reason": str(ns["fp8_reason"]),
+            "ready": bool(ns["ready"]), "ready_reason": str(ns["ready_reason"]),
+            "device": str(ns["device"]), "runs": list(ns["fp8_runs"])}
+
+
+# per lesson number: what its GPU path left in its namespace, read by the child after the run
+PATH_FACTS = {"14": _facts_14, "16": _facts_16}
+PATH_MESSAGE = re.compile(r"(failed|skipped): ")  # the lines a lesson prints for a swallowed path
+
+
+def lesson_child(lesson: str, result: str) -> int:
+    """A lesson's child process: ``course_tools.lesson_exec`` runs it, then what its GPU path left
+    in the namespace (``PATH_FACTS``) is added to the result as ``gpu_paths``."""
+    from course_tools import lesson_exec
+
+    seen: dict[str, dict[str, Any]] = {}
+    run_cell = lesson_exec._run_cell
+
+    def keep_namespace(cell: Any, namespace: dict[str, Any], filename: str) -> None:
+        seen["namespace"] = namespace
+        run_cell(cell, namespace, filename)
+
+    lesson_exec._run_cell = keep_namespace  # run_lesson keeps its namespace to itself
+    outcome = lesson_exec.run_lesson(Path(lesson), Path(result))
+    facts = PATH_FACTS.get(Path(lesson).name[:2])
+    if facts is not None:
+        try:
+            outcome["gpu_paths"] = facts(seen.get("namespace", {}))
+        except Exception as error:  # noqa: BLE001 - a renamed variable: the GPU run says so
+            outcome["gpu_paths"] = {"error": lesson_exec.first_error_line(error)}
+        tmp = Path(result).with_suffix(".tmp")
+        tmp.write_text(json.dumps(outcome, indent=1), encoding="utf-8")
+        tmp.replace(Path(result))
+    return 0 if outcome["first_error"] is None else 1
+
+
+def on_cuda(verdict: dict[str, Any]) -> bool:
+    """Whether the run was on an NVIDIA GPU (ROCm's device is ``cuda`` too)."""
+    return str(verdict["device"]).startswith("cuda") and not verdict["environment"].get("hip")
+
+
+def capability(verdict: dict[str, Any]) -> tuple[int, ...] | None:
+    """The GPU's compute capability from the probes (``"9.0"`` -> ``(9, 0)``), if they ran."""
+    text = verdict["environment"].get("capability")
+    try:
+        return tuple(int(part) for part in str(text).split("."))
+    except ValueError:
+        return None
+
+
+def _path_14(facts: dict[str, Any], verdict: dict[str, Any]) -> str | None:
+    if facts["device"] != "cuda":
+        return f"lesson 14 trained on {facts['device']}, not on the GPU"
+    if facts["backend"] != "inductor":
+        return (f"lesson 14 compiled no run with Inductor (backend {facts['backend']}: "
+                f"{facts['backend_reason']})")
+    ran = {tuple(run) for run in facts["runs"]}
+    missing = [f"{model} {kind} {dtype}" for model in facts["models"]
+               for kind in ("eager", "compiled") for dtype in facts["dtypes"]
+               if (model, f"{kind} {dtype}") not in ran]
+    if missing:
+        said = "; ".join(facts.get("messages", [])[:2])
+        return f"lesson 14 ran no {', '.join(missing)}" + (f": {said}" if said else "")
+    return None
+
+
+def _path_16(facts: dict[str, Any], verdict: dict[str, Any]) -> str | None:
+    cc = capability(verdict)
+    if not (cc >= (8, 9) if cc else facts["fp8_fast"]):
+        return None  # no FP8 matrix cores: the lesson's CPU run is the right path
+    if not facts["ready"]:
+        return f"lesson 16 ran no FP8 training: {facts['ready_reason']}"
+    where = f"compute capability {'.'.join(map(str, cc))}" if cc else "an FP8 GPU"
+    if not facts["fp8_fast"]:
+        return f"lesson 16 did not take the FP8 GPU path on {where}: {facts['fp8_reason']}"
+    if not facts["device"].startswith("cuda") or not any("FP8" in run for run in facts["runs"]):
+        return (f"lesson 16 ran no FP8 training on the GPU (device {facts['device']}, runs "
+                f"{', '.join(facts['runs']) or 'none'})")
+    return None
+
+
+PATH_JUDGES = {"14": _path_14, "16": _path_16}
+
+
+def gpu_path_failure(entry: dict[str, Any], verdict: dict[str, Any]) -> str | None:
+    """Why a lesson that passed on an NVIDIA GPU did not run its GPU path (Inductor compiling
+    each of lesson 14's runs; FP8 training in lesson 16 on compute capability 8.9+), or None.
+    A swallowed or skipped GPU path is a failure there; on a CPU nothing is judged."""
+    number = entry["lesson"][:2]
+    judge = PATH_JUDGES.get(number)
+    if judge is None or entry["status"] != PASSED or not on_cuda(verdict):
+        return None
+    facts = entry.get("gpu_paths")
+    if not facts or "error" in facts:
+        why = (facts or {}).get("error", "the runner recorded nothing")
+        return f"lesson {number} left no record of its GPU path ({why})"
+    try:
+        return judge(facts, verdict)
+    except (KeyError, TypeError) as error:
+        return f"lesson {number}'s record of its GPU path is incomplete ({error!r})"
+
+
+def resolve_commit(given: str | None) -> str:
+    """The commit checked: ``--commit``, else ``AMP_TUTORIAL_COMMIT``, else ``git rev-parse HEAD``
+    where the checkout has a ``.git`` (the lent GPU's copy has none), else "unknown"."""
+    commit = given or os.environ.get(COMMIT_ENV)
+    if commit:
+        return commit.strip()
+    if (ROOT / ".git").exists():
+        try:
+            done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+                                  capture_output=True, text=True, check=False, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return UNKNOWN
+        if done.returncode == 0 and done.stdout.strip():
+            return done.stdout.strip()
+    return UNKNOWN
 
 
 def now() -> str:
@@ -249,13 +395,15 @@ class Run:
         self.verdict: dict[str, Any] = {
             "schema": 1, "command": ["python", "-m", "course_tools.gpu_check", *args.argv],
             "started": now(), "finished": None, "seconds": 0.0, "complete": False,
-            "device": args.device, "preset": args.preset, "budget_s": args.budget,
+            "device": args.device, "preset": args.preset, "commit": args.commit,
+            "budget_s": args.budget,
             "jobs": args.jobs, "probe_limit_s": args.probe_limit,
             "lesson_limit_s": args.lesson_limit,
             "bench_limit_s": args.bench_limit, "bench_reserve_s": args.bench_reserve,
             "environment": {}, "parts": {},
             "probes": {},
             "lessons": [{"lesson": p.stem, "status": NOT_REACHED, "detail": "not started",
+                         "preset": args.lesson_preset.get(p.name[:2], args.preset),
                          "seconds": None, "max_memory_allocated": None, "gpu_started": None,
                          "header_memory_mib": header_figures(MEMORY, p.read_text()).get(
                              "paper")} for p in self.lessons],
@@ -319,7 +467,8 @@ class Run:
                 preset = self.args.lesson_preset.get(path.name[:2], self.args.preset)
                 entry["preset"] = preset
                 running[index] = Child(
-                    [sys.executable, "-m", "course_tools.lesson_exec", str(path),
+                    [sys.executable, "-c", "import sys; from course_tools.gpu_check import "
+                     "lesson_child; sys.exit(lesson_child(*sys.argv[1:]))", str(path),
                      str(self.out / f"{path.stem}.json")], {**self.env, PRESET_ENV: preset},
                     path.parent, self.out / f"{path.stem}.log", min(self.args.lesson_limit, left))
                 self.say(f"lesson {path.stem}: started")
@@ -386,6 +535,16 @@ class Run:
                          detail=last_error_line(child.log) or f"died (exit status {code})")
         else:
             entry.update(status=PASSED, detail="")
+        if "gpu_paths" in result:  # lessons 14 and 16: their GPU path, and what they printed
+            facts = result["gpu_paths"]
+            if isinstance(facts, dict) and "error" not in facts:
+                text = child.log.read_text(encoding="utf-8", errors="replace")
+                facts["messages"] = [line.strip()[:300] for line in text.splitlines()
+                                     if PATH_MESSAGE.search(line)][:5]
+            entry["gpu_paths"] = facts
+            why = gpu_path_failure(entry, self.verdict)
+            if why:
+                entry.update(status=FAILED, detail=why)
 
     def run_bench(self) -> None:
         started = self.budget.elapsed()
@@ -484,7 +643,7 @@ def decide_rows(verdict: dict[str, Any], ids: Sequence[str]) -> list[dict[str, A
     """Each register row's verdict from the checks that ran: passed, failed with the first
     error, not reached, or not decidable on this device. ``decides``: whether this run counts
     for the register (a CUDA GPU, the row not about another device)."""
-    on_cuda = str(verdict["device"]).startswith("cuda") and not verdict["environment"].get("hip")
+    cuda = on_cuda(verdict)
     lessons = {entry["lesson"][:2]: entry for entry in verdict["lessons"]}
     rows = []
     for row_id in ids:
@@ -495,8 +654,8 @@ def decide_rows(verdict: dict[str, Any], ids: Sequence[str]) -> list[dict[str, A
         elif check.needs:
             status, detail = NOT_DECIDABLE, f"needs {check.needs}"
         else:
-            outcomes = [lesson_outcome(lessons.get(n), check.cell if i == 0 else None, n)
-                        for i, n in enumerate(check.lessons)]
+            outcomes = [lesson_outcome(lessons.get(n), check.cell if i == 0 else None, n,
+                                       verdict) for i, n in enumerate(check.lessons)]
             if check.bench:
                 outcomes += [(e["status"], f"{e['name']}: {e.get('summary') or e['detail']}")
                              for e in verdict["bench"]] or [(NOT_REACHED, "bench not run")]
@@ -505,16 +664,35 @@ def decide_rows(verdict: dict[str, Any], ids: Sequence[str]) -> list[dict[str, A
                 outcomes.append((probe["status"], probe["detail"]) if probe
                                 else (NOT_REACHED, "probes not run"))
             if check.peaks:
-                outcomes.append(peaks_outcome(verdict["lessons"], on_cuda))
+                outcomes.append(peaks_outcome(verdict["lessons"], cuda))
             status, detail = combine(outcomes)
         rows.append({"id": row_id, "status": status, "detail": detail,
-                     "decides": on_cuda and status != NOT_DECIDABLE and check is not None})
+                     "decides": cuda and status != NOT_DECIDABLE and check is not None,
+                     "preset": row_preset(verdict, check, lessons),
+                     "claim_preset": gpu_register.CLAIM_PRESET if check and check.sized
+                     else None})
     return rows
 
 
-def lesson_outcome(entry: dict[str, Any] | None, cell_text: str | None,
-                   number: str) -> tuple[str, str]:
-    """A lesson's outcome, or that of its first code cell containing ``cell_text``."""
+def row_preset(verdict: dict[str, Any], check: Check | None,
+               lessons: dict[str, dict[str, Any]]) -> str | None:
+    """The preset a row's check ran at (``cpu+paper`` where its lessons and bench differ), or
+    None for a row whose check runs no lesson or bench (a probe)."""
+    if check is None or not check.sized:
+        return None
+    default = verdict.get("preset") or UNKNOWN
+    presets = {lessons[n].get("preset", default) for n in check.lessons if n in lessons}
+    if check.bench:
+        presets.add(default)
+    if check.peaks:
+        presets |= {e.get("preset", default) for e in verdict["lessons"]}
+    return "+".join(sorted(presets)) or default
+
+
+def lesson_outcome(entry: dict[str, Any] | None, cell_text: str | None, number: str,
+                   verdict: dict[str, Any] | None = None) -> tuple[str, str]:
+    """A lesson's outcome, or that of its first code cell containing ``cell_text``; a whole
+    lesson that passed without its GPU path (``gpu_path_failure``) failed."""
     if entry is None:
         return NOT_REACHED, f"lesson {number} not selected"
     if entry["status"] in (NOT_REACHED, "running"):
@@ -530,7 +708,8 @@ def lesson_outcome(entry: dict[str, Any] | None, cell_text: str | None,
                 return FAILED, f"{name} cell {cell['cell']}: {cell.get('error', '')}"
             return NOT_REACHED, f"{name} cell {cell['cell']} {cell['status']}"
     if entry["status"] == PASSED:
-        return PASSED, name
+        why = gpu_path_failure(entry, verdict) if verdict is not None else None
+        return (FAILED, f"{name}: {why}") if why else (PASSED, name)
     return FAILED, f"{name}: {entry['detail']}"
 
 
@@ -584,7 +763,8 @@ def render_markdown(verdict: dict[str, Any]) -> str:
     """The verdict as a page: the machine, the parts, each lesson, bench run and register row."""
     env = verdict["environment"]
     lines = [
-        f"# GPU check: {verdict['device']} at `{verdict['preset']}`", "",
+        f"# GPU check: {verdict['device']} at `{verdict['preset']}`, commit "
+        f"`{verdict.get('commit', UNKNOWN)}`", "",
         f"Started {verdict['started']}, {verdict['seconds']} s of a {verdict['budget_s']:.0f} s "
         f"budget{'' if verdict['complete'] else ' (still running or stopped from outside)'}. "
         f"GPU: {env.get('gpu') or 'none'} (compute capability {env.get('capability')}), "
@@ -613,9 +793,10 @@ def render_markdown(verdict: dict[str, Any]) -> str:
     lines += [f"| {e['name']} | {e['status']} | {e['seconds'] or ''} | "
               f"{_md(e.get('summary') or e['detail'])} |" for e in verdict["bench"]]
     lines += ["", "## Register rows (docs/gpu-register.md)", "",
-              "| id | status | decides the row | detail |", "| --- | --- | --- | --- |"]
+              "| id | status | decides the row | at preset | detail |",
+              "| --- | --- | --- | --- | --- |"]
     lines += [f"| {r['id']} | {r['status']} | {'yes' if r['decides'] else 'no'} | "
-              f"{_md(r['detail'])} |" for r in verdict["rows"]]
+              f"{r.get('preset') or ''} | {_md(r['detail'])} |" for r in verdict["rows"]]
     return "\n".join(lines) + "\n"
 
 
@@ -644,12 +825,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="another preset for these lessons (14=cpu: a smaller size where "
                         "only the path matters)")
     parser.add_argument("--notebooks", type=Path, default=ROOT / "notebooks")
+    parser.add_argument("--commit", default=None,
+                        help=f"the commit checked, stamped into the verdict (default: "
+                        f"${COMMIT_ENV}, else git rev-parse HEAD where there is a .git, else "
+                        "unknown)")
     args = parser.parse_args(argv)
     try:
         args.lesson_preset = dict(item.split("=", 1) for item in args.lesson_preset)
     except ValueError:
         parser.error(f"--lesson-preset takes NN=PRESET, got {args.lesson_preset}")
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.commit = resolve_commit(args.commit)
     if args.device is None:
         args.device = "cuda" if _has_cuda() else "cpu"
     kind = "cpu" if args.device == "cpu" else "cuda"

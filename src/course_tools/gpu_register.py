@@ -4,10 +4,17 @@ fill VERDICT.json``.
 
 Each row of the register's table carries a stable id in its first column (``02-bitwise``), which
 the verdict's rows name; ``gpu_check.ROW_CHECKS`` maps each id to what decides it. ``fill`` writes
-"date · GPU · torch: passed" (or "failed: the first error line") into every row a GPU run decided,
-"needs MPS" (ROCm, XPU, 2+ GPUs) where a single CUDA GPU cannot decide the row, and leaves a row
-the run did not reach as it was: its last run stays the last run. A verdict from a CPU run decides
-no row and changes only the "needs" cells.
+"date · GPU · torch · preset · commit: passed" (or "failed (the first error line)") into every row
+a GPU run decided, "needs MPS" (ROCm, XPU, 2+ GPUs) where a single CUDA GPU cannot decide the row,
+and leaves a row the run did not reach as it was: its last run stays the last run. A row whose
+check runs a lesson or the bench is about ``paper`` (``CLAIM_PRESET``): a run at another preset
+leaves it as it was too, and ``fill`` says it skipped it. A verdict from a CPU run decides no row
+and changes only the "needs" cells. Cells written before presets and commits were stamped
+("date · GPU · torch: passed") read as preset and commit "unknown".
+
+``python -m course_tools.gpu_register stale`` lists the rows whose last run was at a commit older
+than the last commit that changed one of the row's lessons (``git log -- notebooks/NN_*.py``), and
+those whose commit is unknown.
 
 ``python -m course_tools.gpu_register merge OTHER.md IDS.md`` gives each row of ``OTHER.md``
 (a version of the register without the id and last-run columns, such as a branch that edited
@@ -20,6 +27,7 @@ import argparse
 import difflib
 import json
 import re
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +39,14 @@ ID_COLUMN = "id"
 RUN_COLUMN = "last run on a GPU"
 NEVER = "never"
 ROW_ID = re.compile(r"^[0-9a-z][0-9a-z-]*$")
+CLAIM_PRESET = "paper"  # the size every lesson's GPU claim is about (docs/testing.md)
+ANY_SIZE = "any size"  # the preset part of a cell whose row is about no size (a probe)
+UNKNOWN = "unknown"
+LESSON_COLUMN = "lesson"
+RUN_CELL = re.compile(  # what run_cell writes; the preset and commit are missing in older cells
+    r"^(?P<date>\d{4}-\d\d-\d\d) · (?P<gpu>.+?) · torch (?P<torch>[^\s:]+)"
+    r"(?: · (?P<preset>[^·:]+?) · (?P<commit>[0-9a-f]+|unknown))?: (?P<status>passed|failed)"
+    r"(?: \((?P<detail>.*)\))?$")
 
 
 class RegisterFormatError(ValueError):
@@ -108,37 +124,143 @@ def check_ids(table: Table) -> list[str]:
     return ids
 
 
+@dataclass(frozen=True)
+class RunCell:
+    """A "last run on a GPU" cell read back; ``preset`` and ``commit`` are "unknown" in a cell
+    written before they were stamped."""
+
+    date: str
+    gpu: str
+    torch: str
+    preset: str
+    commit: str
+    status: str
+    detail: str | None
+
+
+def parse_cell(cell: str) -> RunCell | None:
+    """A cell that records a GPU run, read; None for "never", "needs ..." and anything else."""
+    match = RUN_CELL.match(cell.strip())
+    if match is None:
+        return None
+    parts = match.groupdict()
+    return RunCell(parts["date"], parts["gpu"], parts["torch"], parts["preset"] or UNKNOWN,
+                   parts["commit"] or UNKNOWN, parts["status"], parts["detail"])
+
+
+def row_sizes(verdict: dict[str, Any], row: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The preset a row ran at (None: a row about no size) and the preset its claim is about.
+    A verdict from before rows carried them: the run's preset, and ``paper``."""
+    preset = row["preset"] if "preset" in row else verdict.get("preset")
+    claim = row["claim_preset"] if "claim_preset" in row else CLAIM_PRESET
+    return preset, claim
+
+
 def run_cell(verdict: dict[str, Any], row: dict[str, Any]) -> str | None:
-    """What the verdict writes into a row's "last run on a GPU" cell; None: leave it."""
+    """What the verdict writes into a row's "last run on a GPU" cell; None: leave it (also a
+    row about ``paper`` that ran at another preset: ``skip_reason``)."""
     status = row["status"]
     if status == "not decidable":
         return row["detail"]  # "needs MPS"
-    if not row.get("decides") or status not in ("passed", "failed"):
+    if not row.get("decides") or status not in ("passed", "failed") or skip_reason(verdict, row):
         return None
     env = verdict["environment"]
+    preset, _ = row_sizes(verdict, row)
+    commit = str(verdict.get("commit") or UNKNOWN)
     text = (f"{verdict['started'][:10]} · {env.get('gpu') or verdict['device']} · "
-            f"torch {env.get('torch')}: {status}")
+            f"torch {env.get('torch')} · {preset or ANY_SIZE} · "
+            f"{commit if commit == UNKNOWN else commit[:7]}: {status}")
     if status == "failed":
         text += f" ({row['detail']})"
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def fill(text: str, verdict: dict[str, Any]) -> tuple[str, list[str]]:
-    """The register with the verdict's rows written in; also the ids it changed."""
+def skip_reason(verdict: dict[str, Any], row: dict[str, Any]) -> str | None:
+    """Why a decided row is not written: its claim is about a size the run did not use."""
+    if not row.get("decides") or row["status"] not in ("passed", "failed"):
+        return None
+    preset, claim = row_sizes(verdict, row)
+    if claim is not None and preset != claim:
+        return (f"{row['status']} at {preset}, but its claim is about {claim}: it keeps its "
+                "last run")
+    return None
+
+
+def fill(text: str, verdict: dict[str, Any]) -> tuple[str, list[str], list[tuple[str, str]]]:
+    """The register with the verdict's rows written in; also the ids it changed, and the rows it
+    skipped because they ran at another size than their claim's (id, why)."""
     table = read_table(text)
     check_ids(table)
     id_column, run_column = table.column(ID_COLUMN), table.column(RUN_COLUMN)
     verdicts = {row["id"]: row for row in verdict["rows"]}
-    changed = []
+    changed, skipped = [], []
     for cells in table.rows:
         row = verdicts.get(cells[id_column])
         new = None if row is None else run_cell(verdict, row)
+        why = None if row is None else skip_reason(verdict, row)
+        if why:
+            skipped.append((cells[id_column], why))
         if new is None and not cells[run_column]:
             new = NEVER
         if new is not None and new != cells[run_column]:
             cells[run_column] = new
             changed.append(cells[id_column])
-    return table.render(), changed
+    return table.render(), changed, skipped
+
+
+def stale_rows(table: Table, history: list[str],
+               changed_at: dict[str, str | None]) -> list[tuple[str, str, str]]:
+    """The rows whose last GPU run does not cover their lessons as they are: ``("stale", why)``
+    where a commit that changed one of the row's lessons (the register's lesson column) came after
+    the commit the row was decided at, ``("unknown", why)`` where that commit is not known or not
+    in ``history``. ``history``: the commits, newest first (``git rev-list HEAD``);
+    ``changed_at``: per lesson number, the newest commit that changed it (None: never)."""
+    id_column, run_column = table.column(ID_COLUMN), table.column(RUN_COLUMN)
+    lesson_column = table.column(LESSON_COLUMN)
+    place = {commit: index for index, commit in enumerate(history)}
+    found = []
+    for cells in table.rows:
+        run = parse_cell(cells[run_column])
+        numbers = re.findall(r"\b\d\d\b", cells[lesson_column])
+        if run is None or not numbers:
+            continue
+        row_id = cells[id_column]
+        if run.commit == UNKNOWN:
+            found.append((row_id, UNKNOWN, f"decided {run.date} at an unknown commit"))
+            continue
+        at = next((i for commit, i in place.items() if commit.startswith(run.commit)), None)
+        if at is None:
+            found.append((row_id, UNKNOWN, f"decided at {run.commit}, which is not in this "
+                          "branch's history"))
+            continue
+        newer = [(n, changed_at[n]) for n in numbers if changed_at.get(n)
+                 and place.get(changed_at[n], len(history)) < at]
+        if newer:
+            found.append((row_id, "stale", f"decided at {run.commit}; since then " + ", ".join(
+                f"lesson {n} changed in {str(c)[:7]}" for n, c in newer)))
+    return found
+
+
+def git_history(repo: Path, numbers: list[str]) -> tuple[list[str], dict[str, str | None]]:
+    """``stale_rows``' inputs from git: the commits of HEAD, newest first, and per lesson number
+    the newest commit that changed ``notebooks/NN_*.py``."""
+    def git(*args: str) -> list[str]:
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                              check=True)
+        return done.stdout.split()
+
+    history = git("rev-list", "HEAD")
+    changed_at = {n: next(iter(git("log", "-1", "--format=%H", "--", f"notebooks/{n}_*.py")),
+                          None) for n in numbers}
+    return history, changed_at
+
+
+def stale(text: str, repo: Path) -> list[tuple[str, str, str]]:
+    """``stale_rows`` of the register ``text`` against the git checkout at ``repo``."""
+    table = read_table(text)
+    numbers = sorted({n for cells in table.rows
+                      for n in re.findall(r"\b\d\d\b", cells[table.column(LESSON_COLUMN)])})
+    return stale_rows(table, *git_history(repo, numbers))
 
 
 def _key(table: Table, cells: list[str]) -> str:
@@ -186,13 +308,25 @@ def main(argv: list[str] | None = None) -> int:
                                   "version of the register; prints it")
     merge_parser.add_argument("other", type=Path, help="the register without the columns")
     merge_parser.add_argument("with_ids", type=Path, help="the register with them")
+    stale_parser = sub.add_parser("stale", help="list the rows decided before their lesson "
+                                  "last changed, or at an unknown commit (needs git)")
+    stale_parser.add_argument("--register", type=Path, default=REGISTER)
+    stale_parser.add_argument("--repo", type=Path, default=REGISTER.parents[1])
     sub.add_parser("ids", help="print every row's id")
     args = parser.parse_args(argv)
     if args.command == "fill":
         verdict = json.loads(args.verdict.read_text(encoding="utf-8"))
-        text, changed = fill(args.register.read_text(encoding="utf-8"), verdict)
+        text, changed, skipped = fill(args.register.read_text(encoding="utf-8"), verdict)
         args.register.write_text(text, encoding="utf-8")
         print(f"{args.register}: {len(changed)} rows written ({', '.join(changed) or 'none'})")
+        for row_id, why in skipped:
+            print(f"skipped {row_id}: {why}")
+    elif args.command == "stale":
+        found = stale(args.register.read_text(encoding="utf-8"), args.repo)
+        for row_id, kind, why in found:
+            print(f"{kind} {row_id}: {why}")
+        print(f"{sum(kind == 'stale' for _, kind, _ in found)} rows stale, "
+              f"{sum(kind == UNKNOWN for _, kind, _ in found)} at an unknown commit")
     elif args.command == "merge":
         text, made_up = merge(args.other.read_text(encoding="utf-8"),
                               args.with_ids.read_text(encoding="utf-8"))

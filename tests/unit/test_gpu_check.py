@@ -212,3 +212,131 @@ def test_the_cpu_limits_follow_the_machine(flags, env, factor, tmp_path, monkeyp
     assert args.budget == DEFAULT_BUDGET_S * factor
     assert parse_args([str(tmp_path / "out"), "--device", "cpu", "--bench-limit", "7"]
                       ).bench_limit == 7
+
+
+# -- issue 46: a GPU path the lesson swallowed fails its row on a GPU, and only there -----------
+
+FP8_FACTS = {"fp8_fast": True, "fp8_reason": "NVIDIA compute capability 9.0", "ready": True,
+             "ready_reason": "torchao 0.18.0 on torch 2.11.0", "device": "cuda",
+             "runs": ["bf16 AMP", "FP8 + bf16 AMP"]}
+NO_TORCHAO = {**FP8_FACTS, "ready": False, "runs": [],
+              "ready_reason": "torchao does not import on torch 2.11.0 (ModuleNotFoundError: "
+              "No module named 'torchao')"}
+INDUCTOR_FACTS = {"device": "cuda", "preset": "paper", "backend": "inductor",
+                  "backend_reason": "Inductor, the default backend", "models": ["conv", "tf"],
+                  "dtypes": ["fp32", "bf16"],
+                  "runs": [[m, f"{k} {d}"] for m in ("conv", "tf") for k in ("eager", "compiled")
+                           for d in ("fp32", "bf16")],
+                  "messages": []}
+
+
+def path_verdict(device: str, number: str, facts: dict[str, Any] | None,
+                 capability: str | None = "9.0") -> dict[str, Any]:
+    entry = {**lesson(number, PASSED, [{"cell": 1, "status": PASSED}]), "preset": "paper"}
+    if facts is not None:
+        entry["gpu_paths"] = facts
+    return {"device": device, "preset": "paper", "probes": {}, "bench": [], "lessons": [entry],
+            "environment": {"hip": None, "capability": capability if device == "cuda" else None}}
+
+
+def row(verdict: dict[str, Any], row_id: str) -> dict[str, Any]:
+    return decide_rows(verdict, [row_id])[0]
+
+
+def test_fp8_that_did_not_run_on_an_fp8_gpu_fails_the_row() -> None:
+    assert row(path_verdict("cuda", "16", FP8_FACTS), "16-fp8")["status"] == PASSED
+    failed = row(path_verdict("cuda", "16", NO_TORCHAO), "16-fp8")
+    assert failed["status"] == "failed" and failed["decides"]
+    assert "lesson 16 ran no FP8 training: torchao does not import" in failed["detail"]
+    blind = {**FP8_FACTS, "fp8_fast": False, "device": "cpu", "fp8_reason": "wrong"}
+    assert "did not take the FP8 GPU path on compute capability 9.0" in row(
+        path_verdict("cuda", "16", blind), "16-fp8")["detail"]
+    assert row(path_verdict("cuda", "16", None), "16-fp8")["status"] == "failed"  # no record
+    assert "no record" in row(path_verdict("cuda", "16", {"error": "KeyError: 'ready'"}),
+                              "16-fp8")["detail"]
+    # no FP8 matrix cores (an A100), or a CPU: skipping FP8 there is the lesson's right path
+    assert row(path_verdict("cuda", "16", NO_TORCHAO, "8.0"), "16-fp8")["status"] == PASSED
+    assert row(path_verdict("cpu", "16", NO_TORCHAO), "16-fp8")["status"] == PASSED
+    assert row(path_verdict("cpu", "16", None), "16-fp8")["status"] == PASSED
+
+
+def test_a_swallowed_inductor_compile_fails_the_row_on_a_gpu() -> None:
+    assert row(path_verdict("cuda", "14", INDUCTOR_FACTS), "14-inductor")["status"] == PASSED
+    lost = {**INDUCTOR_FACTS, "runs": INDUCTOR_FACTS["runs"][:-1],
+            "messages": ["tf compiled bf16 failed: BackendCompilerFailed: triton"]}
+    failed = row(path_verdict("cuda", "14", lost), "14-inductor")
+    assert failed["status"] == "failed"
+    assert failed["detail"].endswith("lesson 14 ran no tf compiled bf16: tf compiled bf16 "
+                                     "failed: BackendCompilerFailed: triton")
+    assert row(path_verdict("cuda", "14", lost), "14-device-profile")["status"] == "failed"
+    smoke = {**INDUCTOR_FACTS, "backend": "aot_eager", "backend_reason": "smoke preset"}
+    assert "compiled no run with Inductor" in row(path_verdict("cuda", "14", smoke),
+                                                  "14-inductor")["detail"]
+    assert row(path_verdict("cpu", "14", lost), "14-inductor")["status"] == PASSED
+
+
+FAKE_16 = '''# %%
+fp8_fast, fp8_reason = False, "no FP8 matrix cores here"
+ready, ready_reason = False, "torchao does not import on torch x (ModuleNotFoundError)"
+device = "cpu"
+fp8_runs = {}
+print(f"FP8 training skipped: {ready_reason}")
+'''
+
+
+def test_the_runner_records_the_lessons_gpu_path_from_its_namespace(tmp_path: Path) -> None:
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    (notebooks / "14_fake.py").write_text('# %%\nBACKEND = "inductor"\n')  # the rest missing
+    (notebooks / "16_fake.py").write_text(FAKE_16)
+    out = tmp_path / "out"
+    done = gpu_check(out, "--device", "cpu", "--preset", "smoke", "--notebooks", str(notebooks),
+                     "--parts", "lessons", "--commit", "0123abc", "--lesson-limit", "600",
+                     "--budget", "1200", timeout=1300)
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert done.returncode == 0, done.stdout[-3000:]  # a CPU judges no GPU path
+    assert verdict["commit"] == "0123abc"
+    fourteen, sixteen = verdict["lessons"]
+    assert fourteen["status"] == sixteen["status"] == PASSED
+    assert fourteen["gpu_paths"]["error"].startswith("KeyError")
+    assert sixteen["gpu_paths"] == {
+        "fp8_fast": False, "fp8_reason": "no FP8 matrix cores here", "ready": False,
+        "ready_reason": "torchao does not import on torch x (ModuleNotFoundError)",
+        "device": "cpu", "runs": [],
+        "messages": ["FP8 training skipped: torchao does not import on torch x "
+                     "(ModuleNotFoundError)"]}
+    # the same record from an H100 fails both rows
+    on_gpu = {**verdict, "device": "cuda", "environment": {"hip": None, "capability": "9.0"}}
+    rows = {r["id"]: r for r in decide_rows(on_gpu, ["14-inductor", "16-fp8"])}
+    assert rows["16-fp8"]["status"] == rows["14-inductor"]["status"] == "failed"
+    assert "lesson 16 ran no FP8 training: torchao does not import" in rows["16-fp8"]["detail"]
+    assert "lesson 14 left no record of its GPU path (KeyError" in rows["14-inductor"]["detail"]
+
+
+# -- issue 46: the preset each row ran at, and the commit --------------------------------------
+
+def test_each_row_says_at_which_preset_it_ran(cpu_run: tuple[dict, Path, str]) -> None:
+    verdict, _, _ = cpu_run
+    assert verdict["commit"]  # git rev-parse HEAD here, or "unknown"
+    rows = {r["id"]: r for r in verdict["rows"]}
+    assert rows["01-policy"]["preset"] == "smoke" and rows["01-policy"]["claim_preset"] == "paper"
+    assert rows["ceiling-tf32"]["preset"] == "smoke"
+    assert rows["device-cuda-bf16"]["preset"] is None  # a probe: about no size
+    assert rows["device-cuda-bf16"]["claim_preset"] is None
+    assert rows["03-mps-saved"]["claim_preset"] is None
+    mixed = {**verdict, "lessons": [{**verdict["lessons"][0], "preset": "cpu"}]}
+    assert decide_rows(mixed, ["04-inference-peak", "01-policy"])[1]["preset"] == "cpu"
+    both = {**verdict, "lessons": [{**e, "lesson": "04_x", "preset": "cpu"}
+                                   for e in verdict["lessons"][:1]]}
+    assert decide_rows(both, ["04-inference-peak"])[0]["preset"] == "cpu+smoke"
+
+
+def test_the_commit_comes_from_the_flag_the_environment_or_git(tmp_path, monkeypatch) -> None:
+    from course_tools.gpu_check import COMMIT_ENV, parse_args, resolve_commit
+    monkeypatch.setenv(COMMIT_ENV, "feedbee")
+    assert parse_args([str(tmp_path), "--device", "cpu", "--commit", "abc1234"]).commit == \
+        "abc1234"
+    assert parse_args([str(tmp_path), "--device", "cpu"]).commit == "feedbee"
+    monkeypatch.delenv(COMMIT_ENV)
+    monkeypatch.setattr("course_tools.gpu_check.ROOT", tmp_path)  # a copy without .git
+    assert resolve_commit(None) == "unknown"

@@ -1,0 +1,274 @@
+"""The path from plain AMP toward the hardware's limit: one rung at a time, each measured in MFU.
+
+The course's transformer on the sequence-reversal task, trained in a series of *rungs*, each
+changing one thing over the rung before (or, for the dtype rows, beside it):
+
+1. ``fp32``: the baseline;
+2. ``AMP``: autocast in the device's first AMP dtype (with a GradScaler for fp16);
+3. ``+ fused AdamW``: the optimizer's update in one kernel per parameter group
+   (``AdamW(fused=True)``) instead of a loop of foreach kernels;
+4. ``+ torch.compile``: Inductor fuses the memory-bound ops (norms, GELU, adds, casts);
+5. ``+ CUDA graphs``: ``mode="reduce-overhead"`` replays the step's kernels as one graph, so no
+   launch gaps are left (CUDA only: a CPU has no kernels to record);
+6. ``+ batch x4``: four times the tokens per step, so each matmul is larger;
+7. the other 16-bit dtype at rung 6's settings, and pure bf16 (weights and optimizer state in
+   bf16, no autocast; lesson 15 shows what that costs in accuracy) at those settings.
+
+Each rung's model FLOPs are counted (``amp_tutorial.mfu``), its steps timed (median, quartile
+range) and profiled into groups (``amp_tutorial.step_profile``). ``sweep`` times fp32 and AMP over
+the transformer's width and tokens per step: how the gain grows with the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from amp_tutorial.ceiling import Ceiling
+from amp_tutorial.device import DeviceInfo, dtype_name, tf32_in_use
+from amp_tutorial.measure import Timing, free_memory, time_steps
+from amp_tutorial.mfu import Utilization, compute_dtype, peak_for, step_flops
+from amp_tutorial.presets import TransformerSizes
+from amp_tutorial.reversal_task import ReversalTask, sequence_loss
+from amp_tutorial.step_profile import TimeShares, profile_steps, time_shares
+from amp_tutorial.steps import make_sequence_train_step
+from amp_tutorial.transformer import DecoderTransformer, TransformerConfig
+
+SEED = 0
+WARMUP = 3  # compiles (first call) and records CUDA graphs (second and third) before timing
+MFU_GOAL = 0.40  # issue 45: the course's transformer under AMP on an H100
+BATCH_SCALE = 4
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One configuration of the training step, and in words what it changed."""
+
+    name: str
+    change: str
+    amp_dtype: torch.dtype | None = None
+    pure_bf16: bool = False
+    fused: bool = False
+    compile_mode: str | None = None  # None: eager; "default" or "reduce-overhead"
+    batch_scale: int = 1
+
+    @property
+    def compute(self) -> str | None:
+        """The 16-bit dtype the matmuls run in, or None for fp32."""
+        return "bf16" if self.pure_bf16 else (dtype_name(self.amp_dtype) if self.amp_dtype
+                                              else None)
+
+
+def ladder_rungs(info: DeviceInfo) -> list[tuple[Rung, str | None]]:
+    """The rungs for this device, each with None or why it does not apply here."""
+    amp = info.amp_dtype
+    if amp is None:
+        return [(Rung("fp32", "the baseline"), None)]
+    name = dtype_name(amp)
+    fused = Rung(f"AMP {name} + fused AdamW", "the optimizer's update in one fused kernel",
+                 amp, fused=True)
+    compiled = dataclasses.replace(fused, name=f"AMP {name} + compile",
+                                   change="torch.compile: Inductor fuses the memory-bound ops",
+                                   compile_mode="default")
+    graphs = dataclasses.replace(compiled, name=f"AMP {name} + CUDA graphs",
+                                 change='mode="reduce-overhead": the step replayed as one graph',
+                                 compile_mode="reduce-overhead")
+    graphs_why = (None if info.type == "cuda" else
+                  f"CUDA graphs record a CUDA device's kernels; {info.type} has none to record")
+    best = graphs if graphs_why is None else compiled
+    bigger = dataclasses.replace(best, name=f"AMP {name} + batch x{BATCH_SCALE}",
+                                 change=f"{BATCH_SCALE}x the tokens per step: larger matmuls",
+                                 batch_scale=BATCH_SCALE)
+    rungs: list[tuple[Rung, str | None]] = [
+        (Rung("fp32", "the baseline"), None),
+        (Rung(f"AMP {name}", "autocast" + (" + GradScaler" if info.needs_grad_scaler(amp)
+                                           else ""), amp), None),
+        (fused, None), (compiled, None), (graphs, graphs_why), (bigger, None)]
+    others = [d for d in (torch.bfloat16, torch.float16) if d != amp]
+    for other in others:
+        why = None if other in info.amp_dtypes else f"{dtype_name(other)} is not offered here"
+        rungs.append((dataclasses.replace(bigger, name=f"AMP {dtype_name(other)} + batch "
+                                          f"x{BATCH_SCALE}", change=f"{dtype_name(other)} "
+                                          f"instead of {name}", amp_dtype=other), why))
+    why_bf16 = None if torch.bfloat16 in info.amp_dtypes else "bf16 is not offered here"
+    rungs.append((dataclasses.replace(bigger, name=f"pure bf16 + batch x{BATCH_SCALE}",
+                                      change="weights and optimizer state in bf16, no autocast",
+                                      amp_dtype=None, pure_bf16=True), why_bf16))
+    return rungs
+
+
+@dataclass
+class RungResult:
+    """What one rung measured (``timing`` None where it did not run: ``skipped`` says why)."""
+
+    rung: Rung
+    tokens: int
+    timing: Timing | None = None
+    utilization: Utilization | None = None
+    shares: TimeShares | None = None
+    final_loss: float | None = None
+    skipped: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        rung = dataclasses.asdict(self.rung)
+        rung["amp_dtype"] = dtype_name(self.rung.amp_dtype) if self.rung.amp_dtype else None
+        out: dict[str, object] = {**rung, "tokens": self.tokens, "skipped": self.skipped,
+                                  "final_loss": self.final_loss}
+        if self.timing is not None:
+            out |= {"median_s": self.timing.median, "iqr_s": self.timing.iqr,
+                    "steps": len(self.timing.samples), "noisy": self.timing.noisy}
+        if self.utilization is not None:
+            out |= self.utilization.as_dict()
+        if self.shares is not None:
+            out |= {"time_shares": self.shares.shares, "shares_from": self.shares.source}
+        return out
+
+
+def _config(sizes: TransformerSizes, d_model: int | None = None) -> TransformerConfig:
+    width = d_model or sizes.d_model
+    heads = sizes.n_heads if d_model is None else max(1, width // 64)
+    return TransformerConfig(sizes.n_symbols + 1, sizes.seq_len, width, sizes.n_layers, heads)
+
+
+def matmul_rate_tflops(ceiling: Ceiling | None, compute: str) -> float | None:
+    """The measured matmul rate of ``compute`` ("fp32", "tf32", "bf16", "fp16") in TFLOP/s."""
+    measured = "fp32" if compute == "tf32" else compute
+    if (ceiling is None or measured not in ["fp32", *ceiling.low_dtypes]
+            or measured in ceiling.emulated):  # an emulated matmul bounds no model's step
+        return None
+    return ceiling.best_gflops(measured) / 1e3
+
+
+def run_step(info: DeviceInfo, sizes: TransformerSizes, rung: Rung, ceiling: Ceiling | None,
+             max_steps: int = 30, budget_s: float = 3.0, profile: bool = True,
+             d_model: int | None = None, progress: bool = False) -> RungResult:
+    """Train a fresh, identically seeded transformer in ``rung``'s configuration: ``WARMUP``
+    untimed steps, then up to ``max_steps`` timed ones (at least 3, stopping once ``budget_s``
+    seconds are spent), then 3 profiled steps."""
+    config = _config(sizes, d_model)
+    batch = sizes.batch * rung.batch_scale
+    tokens = batch * sizes.seq_len
+    result = RungResult(rung, tokens)
+    torch.manual_seed(SEED)
+    batches = ReversalTask(sizes.n_symbols, sizes.seq_len).batches(8, batch, SEED, info.device)
+    model = DecoderTransformer(config).to(info.device)
+    if rung.pure_bf16:
+        model = model.to(torch.bfloat16)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=sizes.lr, fused=rung.fused or None)
+    scaler = torch.amp.GradScaler(info.type, enabled=bool(
+        rung.amp_dtype and info.needs_grad_scaler(rung.amp_dtype)))
+    net = model if rung.compile_mode is None else torch.compile(model, mode=rung.compile_mode)
+    step = make_sequence_train_step(net, optimizer, batches, rung.amp_dtype, scaler)
+    timing, losses = time_steps(step, max_steps, info.device, WARMUP, desc=rung.name,
+                                progress=progress, budget_s=budget_s)
+    result.timing, result.final_loss = timing, float(losses[-1])
+    if profile:
+        result.shares = time_shares(profile_steps(step, info.device, steps=3, warmup=0))
+    compute = compute_dtype(rung.compute, tf32="matmuls" in tf32_in_use(info))
+    peak = peak_for(info.name, info.type)
+    flops = step_flops(lambda: (DecoderTransformer(config), tuple(
+                           torch.zeros(t.shape, dtype=t.dtype) for t in batches[0])),
+                       lambda m, x, y: sequence_loss(m(x), y))
+    result.utilization = Utilization(flops, timing.median,
+                                     peak.tflops.get(compute) if peak else None,
+                                     matmul_rate_tflops(ceiling, compute))
+    return result
+
+
+def run_ladder(info: DeviceInfo, sizes: TransformerSizes, ceiling: Ceiling | None,
+               deadline: float | None = None, on_row: Callable[[RungResult], None] | None = None,
+               **options: object) -> list[RungResult]:
+    """Every rung of ``ladder_rungs`` in order. A rung that does not apply, one that fails
+    (its error's last line) and one not started before ``deadline`` (``time.monotonic()``) are
+    rows with ``skipped`` set; ``on_row`` sees each row as it is done."""
+    rows = []
+    for rung, why in ladder_rungs(info):
+        tokens = sizes.batch * rung.batch_scale * sizes.seq_len
+        if why is None and deadline is not None and time.monotonic() > deadline:
+            why = "not reached: the time given to the ladder was spent"
+        if why is not None:
+            row = RungResult(rung, tokens, skipped=why)
+        else:
+            try:
+                row = run_step(info, sizes, rung, ceiling, **options)
+            except Exception as err:  # a rung that fails is a row that says why; others run
+                row = RungResult(rung, tokens, skipped="failed: " + _last_line(err))
+            finally:
+                torch.compiler.reset()
+                free_memory(info.device)
+        rows.append(row)
+        if on_row:
+            on_row(row)
+    return rows
+
+
+def _last_line(err: Exception) -> str:
+    lines = [line for line in traceback.format_exception_only(err)[-1].splitlines() if line]
+    return lines[-1][:300] if lines else type(err).__name__
+
+
+@dataclass
+class SweepRow:
+    """fp32 or AMP at one width and tokens per step."""
+
+    d_model: int
+    tokens: int
+    mode: str
+    result: RungResult
+
+
+def sweep(info: DeviceInfo, sizes: TransformerSizes, ceiling: Ceiling | None,
+          widths: Sequence[int], batch_scales: Sequence[int] = (1, BATCH_SCALE),
+          deadline: float | None = None, **options: object) -> list[SweepRow]:
+    """fp32 and plain AMP (eager, the default AdamW) at each width (heads of 64 channels) and
+    tokens per step (``batch_scales`` times the preset's batch)."""
+    rows = []
+    amp = info.amp_dtype
+    modes = [Rung("fp32", "baseline")] + ([Rung(f"AMP {dtype_name(amp)}", "autocast", amp)]
+                                          if amp else [])
+    for width in widths:
+        for scale in batch_scales:
+            for rung in modes:
+                rung = dataclasses.replace(rung, batch_scale=scale)
+                tokens = sizes.batch * scale * sizes.seq_len
+                if deadline is not None and time.monotonic() > deadline:
+                    result = RungResult(rung, tokens, skipped="not reached: time spent")
+                else:
+                    try:
+                        result = run_step(info, sizes, rung, ceiling, profile=False,
+                                          d_model=width, **options)
+                    except Exception as err:
+                        result = RungResult(rung, tokens, skipped="failed: " + _last_line(err))
+                    finally:
+                        free_memory(info.device)
+                rows.append(SweepRow(width, tokens, rung.name, result))
+    return rows
+
+
+def sweep_widths(preset_name: str) -> tuple[int, ...]:
+    """Widths to sweep at a preset: from a quarter of its transformer's width to four times."""
+    return {"paper": (256, 512, 1024, 2048), "cpu": (128, 256, 512, 1024),
+            "small": (64, 128, 256, 512), "smoke": (32, 64, 128)}[preset_name]
+
+
+def amp_pays_from(rows: Sequence[SweepRow], tokens: int) -> int | None:
+    """The smallest width at ``tokens`` per step from which AMP's median step is faster than
+    fp32's at every larger width (None if it never is)."""
+    widths = sorted({r.d_model for r in rows if r.tokens == tokens})
+    faster = []
+    for width in widths:
+        pair = {r.mode.split()[0]: r.result for r in rows
+                if r.d_model == width and r.tokens == tokens}
+        fp32, amp = pair.get("fp32"), pair.get("AMP")
+        if fp32 is None or amp is None or fp32.timing is None or amp.timing is None:
+            return None
+        faster.append(amp.timing.median < fp32.timing.median)
+    for i, width in enumerate(widths):
+        if all(faster[i:]):
+            return width
+    return None

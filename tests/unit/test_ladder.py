@@ -1,0 +1,93 @@
+"""The ladder toward the hardware's limit and the width sweep (amp_tutorial.ladder)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from amp_tutorial.ceiling import SIZES, matmul_ceiling
+from amp_tutorial.device import DeviceInfo, select_device
+from amp_tutorial.ladder import (
+    Rung,
+    RungResult,
+    SweepRow,
+    amp_pays_from,
+    ladder_rungs,
+    matmul_rate_tflops,
+    run_ladder,
+    run_step,
+)
+from amp_tutorial.measure import Timing
+from amp_tutorial.presets import get_preset
+
+CUDA = DeviceInfo(torch.device("cuda"), "CUDA 13.0", "NVIDIA H100 80GB HBM3",
+                  (torch.bfloat16, torch.float16), True)
+
+
+def test_every_rung_changes_one_thing_and_cuda_graphs_need_cuda():
+    rungs = dict((r.name, why) for r, why in ladder_rungs(CUDA))
+    assert all(why is None for why in rungs.values())
+    assert list(rungs)[:6] == ["fp32", "AMP bf16", "AMP bf16 + fused AdamW", "AMP bf16 + compile",
+                               "AMP bf16 + CUDA graphs", "AMP bf16 + batch x4"]
+    assert {"AMP fp16 + batch x4", "pure bf16 + batch x4"} <= set(rungs)
+    cpu = DeviceInfo(torch.device("cpu"), "CPU", "a CPU", (torch.bfloat16,), False)
+    on_cpu = {r.name: (r, why) for r, why in ladder_rungs(cpu)}
+    assert "CUDA graphs" in on_cpu["AMP bf16 + CUDA graphs"][1]
+    assert on_cpu["AMP bf16 + batch x4"][0].compile_mode == "default"  # not the graphs rung's
+    assert "not offered" in on_cpu["AMP fp16 + batch x4"][1]
+
+
+def test_an_emulated_dtype_has_no_matmul_rate_to_be_measured_against():
+    cpu = select_device("cpu")
+    ceiling = matmul_ceiling(cpu, SIZES["smoke"], "matmuls", steps=3, budget_s=0.5)
+    assert matmul_rate_tflops(ceiling, "fp32") == pytest.approx(
+        max(r.gflops for r in ceiling.rates if r.dtype == "fp32" and not r.noisy) / 1e3
+        if any(r.dtype == "fp32" and not r.noisy for r in ceiling.rates)
+        else max(r.gflops for r in ceiling.rates if r.dtype == "fp32") / 1e3)
+    if "bf16" in ceiling.emulated:
+        assert matmul_rate_tflops(ceiling, "bf16") is None
+    assert matmul_rate_tflops(None, "fp32") is None
+
+
+def test_one_rung_measures_its_flops_rate_and_time_shares():
+    info = select_device("cpu")
+    sizes = get_preset("smoke").transformer
+    row = run_step(info, sizes, Rung("fp32", "the baseline"), None, max_steps=3, budget_s=0.1)
+    u = row.utilization
+    assert row.tokens == sizes.batch * sizes.seq_len
+    assert u.flops > 0 and u.tflops == pytest.approx(u.flops / row.timing.median / 1e12)
+    assert u.mfu is None and u.of_matmul is None  # no peak for a CPU, no ceiling given
+    assert row.shares is not None and row.as_dict()["time_shares"] == row.shares.shares
+    bigger = run_step(info, sizes, dataclasses.replace(row.rung, batch_scale=2), None,
+                      max_steps=3, budget_s=0.1, profile=False)
+    assert bigger.utilization.flops == 2 * u.flops  # twice the tokens, twice the model FLOPs
+
+
+def test_rungs_past_the_deadline_or_failing_are_rows_that_say_why(monkeypatch):
+    import amp_tutorial.ladder as ladder
+
+    def fail(*_args, **_kwargs):
+        raise RuntimeError("inductor exploded\nsecond line")
+
+    monkeypatch.setattr(ladder, "run_step", fail)
+    info = select_device("cpu")
+    rows = run_ladder(info, get_preset("smoke").transformer, None)
+    ran = [r for r, why in ladder_rungs(info) if why is None]
+    assert [r.skipped for r in rows if r.rung in ran] == ["failed: second line"] * len(ran)
+    rows = run_ladder(info, get_preset("smoke").transformer, None, deadline=0.0)
+    assert all(r.skipped.startswith("not reached") for r in rows if r.rung in ran)
+
+
+def _row(width: int, mode: str, ms: float) -> SweepRow:
+    result = RungResult(Rung(mode, ""), 512, timing=Timing((ms / 1e3,) * 3))
+    return SweepRow(width, 512, mode, result)
+
+
+def test_amp_pays_from_the_width_after_which_it_always_wins():
+    rows = [_row(64, "fp32", 1), _row(64, "AMP bf16", 2), _row(128, "fp32", 3),
+            _row(128, "AMP bf16", 2), _row(256, "fp32", 9), _row(256, "AMP bf16", 4)]
+    assert amp_pays_from(rows, 512) == 128
+    rows[-1] = _row(256, "AMP bf16", 10)  # wins at 128 only: no width from which it pays
+    assert amp_pays_from(rows, 512) is None
