@@ -125,7 +125,8 @@ class RungResult:
         if self.utilization is not None:
             out |= self.utilization.as_dict()
         if self.shares is not None:
-            out |= {"time_shares": self.shares.shares, "shares_from": self.shares.source}
+            out |= {"time_shares": self.shares.shares, "shares_from": self.shares.source,
+                    "top_s_per_step": self.shares.top}
         return out
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.autograd import DeviceType
@@ -69,6 +69,7 @@ class TimeShares:
     seconds: dict[str, float]
     step_s: float
     source: str  # "device kernels" or "CPU ops"
+    top: dict[str, float] = field(default_factory=dict)  # the longest kernels or ops, s per step
 
     @property
     def shares(self) -> dict[str, float]:
@@ -106,12 +107,17 @@ def time_shares(prof: profile) -> TimeShares:
         raise ValueError(f"no {STEP_RANGE!r} range in the profile: use profile_steps")
     steps = len(step_ranges)
     wall_us = sum(e.time_range.elapsed_us() for e in step_ranges)
-    kernels = [e for e in events if e.device_type != DeviceType.CPU]
+    # a record_function range also shows on the GPU's timeline, as a user annotation that spans
+    # its kernels: not a kernel, left out
+    kernels = [e for e in events if e.device_type != DeviceType.CPU
+               and not getattr(e, "is_user_annotation", False)]
     seconds = dict.fromkeys(GROUPS, 0.0)
+    by_name: dict[str, float] = {}
     if kernels:
         source = "device kernels"
         for k in kernels:
             seconds[kernel_group(k.name)] += k.time_range.elapsed_us()
+            by_name[k.name] = by_name.get(k.name, 0.0) + k.time_range.elapsed_us()
         busy = _union_us([(k.time_range.start, k.time_range.end) for k in kernels])
         seconds["idle"] = max(wall_us - busy, 0.0)
     else:
@@ -123,9 +129,12 @@ def time_shares(prof: profile) -> TimeShares:
             if STEP_RANGE not in ancestors:
                 continue
             seconds[cpu_op_group(e.name, ancestors)] += e.self_cpu_time_total
+            by_name[e.name] = by_name.get(e.name, 0.0) + e.self_cpu_time_total
         seconds["idle"] = sum(e.self_cpu_time_total for e in step_ranges)
     scale = 1e-6 / steps
-    return TimeShares({g: s * scale for g, s in seconds.items()}, wall_us * scale, source)
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
+    return TimeShares({g: s * scale for g, s in seconds.items()}, wall_us * scale, source,
+                      {name: us * scale for name, us in top})
 
 
 def _ancestors(event: object) -> list[str]:
