@@ -175,7 +175,7 @@ def run_transformer_mode(
     Returns the result row and the per-step training losses (to plot them).
     """
     sizes = preset.transformer
-    label = dtype_name(amp_dtype) if amp_dtype else fp32_baseline(info)
+    label = dtype_name(amp_dtype) if amp_dtype else fp32_baseline(info, ("matmuls",))
     torch.manual_seed(SEED)
     reset_peak_memory(info.device)
     model = DecoderTransformer(config).to(info.device)

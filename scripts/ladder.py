@@ -32,6 +32,7 @@ from amp_tutorial.ladder import (
     RungResult,
     SweepRow,
     amp_pays_from,
+    ladder_figures,
     run_ladder,
     sweep,
     sweep_widths,
@@ -88,40 +89,15 @@ def sweep_table(rows: list[SweepRow]) -> str:
                   "of matmul"], out)
 
 
-def write_plots(folder: Path, ladder_rows: list[RungResult], sweep_rows: list[SweepRow],
-                device: str, has_peak: bool) -> list[Path]:
+def write_plots(folder: Path, report: dict) -> list[Path]:
+    """The ladder's, the time shares' and the sweep's figures from a report, as PNG files."""
     import matplotlib
 
     matplotlib.use("Agg")
-    from amp_tutorial.plots import plot_sweep, plot_time_shares, plot_utilization
-
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    measure = "MFU (of the datasheet peak)" if has_peak else "share of the measured matmul rate"
-
-    def value(u: object) -> float | None:
-        return u.mfu if has_peak else u.of_matmul
-
-    ran = [r for r in ladder_rows if r.utilization is not None and value(r.utilization)]
-    if ran:
-        bars = [(r.rung.name, value(r.utilization),
-                 value(r.utilization) * r.timing.iqr / r.timing.median) for r in ran]
-        fig = plot_utilization(bars, measure, f"The ladder on {device}",
-                               MFU_GOAL if has_peak else None)
-        written.append(folder / "ladder.png")
-        fig.savefig(written[-1], dpi=110)
-        shares = {r.rung.name: r.shares.shares for r in ran if r.shares is not None}
-        fig = plot_time_shares(shares, f"Where the step's time goes, {device}")
-        written.append(folder / "time-shares.png")
-        fig.savefig(written[-1], dpi=110)
-    curves: dict[str, dict[int, tuple[float, float]]] = {}
-    for r in sweep_rows:
-        if r.result.utilization is not None and value(r.result.utilization):
-            curves.setdefault(f"{r.mode}, {r.tokens} tokens", {})[r.d_model] = (
-                value(r.result.utilization), r.result.timing.median)
-    if curves:
-        fig = plot_sweep(curves, f"fp32 and AMP over the model's width, {device}", measure)
-        written.append(folder / "sweep.png")
+    for name, fig in ladder_figures(report).items():
+        written.append(folder / f"{name}.png")
         fig.savefig(written[-1], dpi=110)
     return written
 
@@ -141,7 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, default=30, help="timed steps per run, at most")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     parser.add_argument("--plots", metavar="DIR", type=Path, help="write the figures to DIR")
+    parser.add_argument("--replot", metavar="JSON", type=Path,
+                        help="draw the figures of a report written before (with --plots)")
     args = parser.parse_args(argv)
+    if args.replot:
+        report = json.loads(args.replot.read_text(encoding="utf-8"))
+        for path in write_plots(args.plots or args.replot.parent, report):
+            print(f"figure written to {path}")
+        return 0
     started = time.monotonic()
     try:
         info = select_device(args.device)
@@ -203,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         report["amp_pays_from_width"] = {str(t): w for t, w in pays.items()}
     report["seconds"] = round(time.monotonic() - started, 1)
     if args.plots:
-        for path in write_plots(args.plots, ladder_rows, sweep_rows, info.name,
-                                peak is not None):
+        for path in write_plots(args.plots, report):
             print(f"figure written to {path}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")

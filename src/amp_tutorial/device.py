@@ -444,10 +444,17 @@ def tf32_in_use(info: DeviceInfo, rnns: bool = False) -> list[str]:
     return [what for what, on in tf32_state(rnns).items() if on and major >= 8]
 
 
-def fp32_baseline(info: DeviceInfo) -> str:
+def fp32_baseline(info: DeviceInfo, kinds: tuple[str, ...] | None = None) -> str:
     """Name the fp32 baseline honestly: "fp32 (TF32 convolutions)" where ``tf32_in_use``; "strict"
-    only where no kind of op uses TF32, cuDNN's RNNs included."""
+    only where no kind of op uses TF32, cuDNN's RNNs included. ``kinds``: the kinds of op the
+    model has ("matmuls" for the transformer, which has no convolution), where it is known."""
     if info.type == "cuda" and not info.is_rocm:
+        if kinds is not None and not tf32_in_use(info, rnns=True):
+            return "fp32 (strict, TF32 off)"
+        if kinds is not None:
+            parts = [p for p in tf32_in_use(info) if p in kinds]
+            return (f"fp32 (TF32 {' and '.join(parts)})" if parts
+                    else f"fp32 (no TF32 in its {' and '.join(kinds)})")
         if parts := tf32_in_use(info):
             return f"fp32 (TF32 {' and '.join(parts)})"
         if tf32_in_use(info, rnns=True):

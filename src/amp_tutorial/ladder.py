@@ -25,13 +25,14 @@ import dataclasses
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from amp_tutorial.ceiling import Ceiling
 from amp_tutorial.device import DeviceInfo, dtype_name, tf32_in_use
-from amp_tutorial.measure import Timing, free_memory, time_steps
+from amp_tutorial.measure import Timing, free_memory, fresh_compile_cache, time_steps
 from amp_tutorial.mfu import Utilization, compute_dtype, peak_for, step_flops
 from amp_tutorial.presets import TransformerSizes
 from amp_tutorial.reversal_task import ReversalTask, sequence_loss
@@ -183,20 +184,25 @@ def run_step(info: DeviceInfo, sizes: TransformerSizes, rung: Rung, ceiling: Cei
 
 def run_ladder(info: DeviceInfo, sizes: TransformerSizes, ceiling: Ceiling | None,
                deadline: float | None = None, on_row: Callable[[RungResult], None] | None = None,
-               **options: object) -> list[RungResult]:
+               compiled: bool = True, **options: object) -> list[RungResult]:
     """Every rung of ``ladder_rungs`` in order. A rung that does not apply, one that fails
-    (its error's last line) and one not started before ``deadline`` (``time.monotonic()``) are
-    rows with ``skipped`` set; ``on_row`` sees each row as it is done."""
+    (its error's last line), one not started before ``deadline`` (``time.monotonic()``) and,
+    with ``compiled=False``, a compiled one are rows with ``skipped`` set; ``on_row`` sees each
+    row as it is done. Each compiled rung compiles cold, in an empty cache of its own
+    (``measure.fresh_compile_cache``): no graph compiled for another rung is reused."""
     rows = []
     for rung, why in ladder_rungs(info):
         tokens = sizes.batch * rung.batch_scale * sizes.seq_len
+        if why is None and rung.compile_mode and not compiled:
+            why = "left out here: compiling takes minutes on a CPU (pdm run ladder runs it)"
         if why is None and deadline is not None and time.monotonic() > deadline:
             why = "not reached: the time given to the ladder was spent"
         if why is not None:
             row = RungResult(rung, tokens, skipped=why)
         else:
             try:
-                row = run_step(info, sizes, rung, ceiling, **options)
+                with fresh_compile_cache() if rung.compile_mode else nullcontext():
+                    row = run_step(info, sizes, rung, ceiling, **options)
             except Exception as err:  # a rung that fails is a row that says why; others run
                 row = RungResult(rung, tokens, skipped="failed: " + _last_line(err))
             finally:
@@ -273,3 +279,36 @@ def amp_pays_from(rows: Sequence[SweepRow], tokens: int) -> int | None:
         if all(faster[i:]):
             return width
     return None
+
+
+def ladder_figures(report: dict) -> dict[str, object]:
+    """The figures of a ladder report (the dict ``pdm run ladder --json`` writes): "ladder" (each
+    rung's MFU, or its share of the matmul rate where the device has no known peak, with the
+    quartile spread), "time-shares" (each rung's step by group) and "sweep"."""
+    from amp_tutorial.plots import plot_sweep, plot_time_shares, plot_utilization
+
+    peak = report.get("peak")
+    key, measure = (("mfu", "MFU (of the datasheet peak)") if peak else
+                    ("of_matmul", "share of the measured matmul rate"))
+    device = report.get("device_name", "")
+    figures: dict[str, object] = {}
+    ran = [r for r in report.get("ladder", []) if r.get(key)]
+    if ran:
+        def label(r: dict) -> str:
+            return f"{r['name']} (of {r['peak_tflops']:g} TFLOP/s)" if peak else r["name"]
+
+        figures["ladder"] = plot_utilization(
+            [(label(r), r[key], r[key] * r["iqr_s"] / r["median_s"]) for r in ran], measure,
+            f"The ladder on {device}", MFU_GOAL if peak else None)
+        figures["time-shares"] = plot_time_shares(
+            {r["name"]: r["time_shares"] for r in ran if r.get("time_shares")},
+            f"Where the step's time goes, {device}")
+    curves: dict[str, dict[int, tuple[float, float]]] = {}
+    for r in report.get("sweep", []):
+        if r.get(key):
+            curves.setdefault(f"{r['mode']}, {r['tokens']} tokens", {})[r["d_model"]] = (
+                r[key], r["median_s"])
+    if curves:
+        figures["sweep"] = plot_sweep(curves, f"fp32 and AMP over the model's width, {device}",
+                                      measure)
+    return figures

@@ -381,18 +381,21 @@ def plot_sweep(curves: Mapping[str, Mapping[int, tuple[float, float]]], title: s
     speedup over fp32 at each width, for every AMP curve with an fp32 curve of the same tokens.
     ``curves``: label -> {width: (value, ms per step)}; labels "fp32, N tokens", "AMP bf16, ..."."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    token_counts = sorted({label.split(",", 1)[1] for label in curves},
+                          key=lambda t: int(re.sub(r"\D", "", t) or 0))
     for label, points in curves.items():
         widths = sorted(points)
-        style = "-" if label.startswith("fp32") else "--"
-        left.plot(widths, [points[w][0] for w in widths], style, marker="o",
-                  color=colour_for(label), label=label,
-                  alpha=1.0 if "x" not in label.split(",")[-1] else 0.55)
+        n = token_counts.index(label.split(",", 1)[1])  # more tokens: another marker, paler
+        look = {"color": colour_for(label), "marker": "osD^"[n % 4],
+                "alpha": 1.0 - 0.35 * min(n, 1)}
+        left.plot(widths, [points[w][0] for w in widths],
+                  "-" if label.startswith("fp32") else "--", label=label, **look)
         if not label.startswith("fp32"):
             base = curves.get("fp32," + label.split(",", 1)[1])
             if base:
                 shared = [w for w in widths if w in base]
-                right.plot(shared, [base[w][1] / points[w][1] for w in shared], marker="o",
-                           color=colour_for(label), label=label)
+                right.plot(shared, [base[w][1] / points[w][1] for w in shared],
+                           label=label, **look)
     right.axhline(1.0, color=MARKS["normal"], linewidth=1)
     for ax in (left, right):
         ax.set_xscale("log", base=2)

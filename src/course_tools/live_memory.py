@@ -277,9 +277,10 @@ class AllocatorPeak:
         index = device if isinstance(device, int) else (
             None if device is None else torch.device(device).index)
         index = module.current_device() if index is None else index
+        # 0 is a reading too: a process that started the runtime (lesson 11's, which asks for
+        # the device's name, H200 2026-11-27) and allocated nothing there
         peak = int(module.max_memory_allocated(index))
-        if peak:
-            self.peak[f"{name}:{index}"] = max(self.peak.get(f"{name}:{index}", 0), peak)
+        self.peak[f"{name}:{index}"] = max(self.peak.get(f"{name}:{index}", 0), peak)
 
     def install(self) -> AllocatorPeak:
         """Wrap each module's ``reset_peak_memory_stats`` (also as ``module.memory``'s)."""

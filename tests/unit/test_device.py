@@ -281,6 +281,14 @@ def test_the_baseline_is_named_by_what_runs_in_tf32(tf32_settings, fake_ampere):
         assert fp32_baseline(fake_ampere) == "fp32 (TF32 RNNs)"
 
 
+def test_a_model_without_convolutions_is_not_called_tf32_for_them(tf32_settings, fake_ampere):
+    # the H200 bench of 2026-11-27 labelled the transformer's fp32 "TF32 convolutions"
+    assert fp32_baseline(fake_ampere, ("matmuls",)) == "fp32 (no TF32 in its matmuls)"
+    assert fp32_baseline(fake_ampere, ("convolutions",)) == "fp32 (TF32 convolutions)"
+    set_strict_fp32(True)
+    assert fp32_baseline(fake_ampere, ("matmuls",)) == "fp32 (strict, TF32 off)"
+
+
 def test_rocm_never_counts_tf32_whatever_the_flags(tf32_settings, fake_ampere, monkeypatch):
     monkeypatch.setattr(torch.version, "hip", "7.1.25424")
     assert fake_ampere.is_rocm

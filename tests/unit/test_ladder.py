@@ -91,3 +91,24 @@ def test_amp_pays_from_the_width_after_which_it_always_wins():
     assert amp_pays_from(rows, 512) == 128
     rows[-1] = _row(256, "AMP bf16", 10)  # wins at 128 only: no width from which it pays
     assert amp_pays_from(rows, 512) is None
+
+
+def test_the_figures_come_from_a_saved_report_and_name_each_rungs_peak():
+    rung = {"name": "AMP bf16", "mfu": 0.2, "of_matmul": 0.4, "peak_tflops": 989.5,
+            "median_s": 0.01, "iqr_s": 0.001,
+            "time_shares": {"matmul": 0.5, "attention": 0.1, "memory-bound": 0.2,
+                            "optimizer": 0.1, "idle": 0.1}}
+    sweep = [{"mode": mode, "tokens": 512, "d_model": w, "mfu": 0.1 * w / 64,
+              "of_matmul": 0.5, "median_s": 0.01} for mode in ("fp32", "AMP bf16")
+             for w in (64, 128)]
+    from amp_tutorial.ladder import ladder_figures
+
+    with_peak = ladder_figures({"peak": {"name": "x"}, "device_name": "GPU", "ladder": [rung],
+                                "sweep": sweep})
+    assert set(with_peak) == {"ladder", "time-shares", "sweep"}
+    labels = [t.get_text() for t in with_peak["ladder"].axes[0].get_yticklabels()]
+    assert labels == ["AMP bf16 (of 989.5 TFLOP/s)"]
+    cpu = ladder_figures({"peak": None, "device_name": "CPU",
+                          "ladder": [dict(rung, mfu=None)], "sweep": []})
+    assert set(cpu) == {"ladder", "time-shares"}  # measured against the matmul rate instead
+    assert "matmul rate" in cpu["ladder"].axes[0].get_xlabel()

@@ -179,3 +179,9 @@ def test_the_allocator_peak_spans_the_lessons_resets() -> None:
     assert peak.read() == {"cuda:0": 100}
     peak.uninstall()
     assert gpu.reset_peak_memory_stats.__func__ is StandInAllocator.reset_peak_memory_stats
+
+
+def test_a_runtime_started_without_an_allocation_reads_as_a_zero_peak() -> None:
+    # lesson 11 on an H200: CUDA started (the device's name was read), nothing allocated there;
+    # an empty reading made gpu_check call the lesson's peak missing
+    assert AllocatorPeak({"cuda": StandInAllocator()}).install().read() == {"cuda:0": 0}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.autograd import DeviceType
 
 from amp_tutorial.presets import get_preset
 from amp_tutorial.reversal_task import ReversalTask
@@ -74,3 +75,40 @@ def test_a_profile_without_the_step_range_is_refused():
         torch.ones(2) + 1
     with pytest.raises(ValueError, match="profile_steps"):
         time_shares(prof)
+
+
+class _Range:
+    def __init__(self, start: float, end: float) -> None:
+        self.start, self.end = start, end
+
+    def elapsed_us(self) -> float:
+        return self.end - self.start
+
+
+class _Event:
+    def __init__(self, name, start, end, device_type=DeviceType.CUDA, annotation=False):
+        self.name, self.time_range, self.device_type = name, _Range(start, end), device_type
+        self.is_user_annotation, self.cpu_parent, self.self_cpu_time_total = annotation, None, 0
+
+
+class _Profile:
+    def __init__(self, events):
+        self._events = events
+
+    def events(self):
+        return self._events
+
+
+def test_on_a_gpu_idle_is_the_step_no_kernel_covers_and_annotations_are_no_kernels():
+    # one 100 us step: a GEMM 0-30, an elementwise kernel 40-50, the fused Adam 60-70; the step's
+    # range also shows on the GPU timeline as a user annotation spanning it (the H200 run counted
+    # it as a memory-bound kernel: shares above 100%)
+    events = [_Event("amp_tutorial.step", 0, 100, DeviceType.CPU),
+              _Event("amp_tutorial.step", 0, 100, annotation=True),
+              _Event("nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_NNT", 0, 30),
+              _Event("void at::native::vectorized_elementwise_kernel<4, AddFunctor>", 40, 50),
+              _Event("multi_tensor_apply_kernel<FusedAdamMathFunctor>", 60, 70)]
+    shares = time_shares(_Profile(events))
+    assert shares.source == "device kernels"
+    assert shares.shares == pytest.approx({"matmul": 0.3, "attention": 0.0, "memory-bound": 0.1,
+                                           "optimizer": 0.1, "idle": 0.5})
