@@ -239,8 +239,12 @@ class Checkup:
         sections = [("summary", self.summary_rows()), ("ops by module", self.op_rows()),
                     ("ranges", self.range_rows()), ("payoff", self.payoff_rows()),
                     ("what to do", self.advice_rows())]
+        verdict = "agree" if self.agrees else "DISAGREE"
+        if not any(not s for s in self.skipped_steps[:-1]):
+            verdict = ("NOT JUDGED: the scaler skipped every AMP step, so no AMP update was "
+                       "compared with fp32's")
         lines = [f"agreement: output differs by {self.output_rel_diff:.2e} (relative), loss "
-                 f"curves by {self.loss_rel_gap:.2e}: {'agree' if self.agrees else 'DISAGREE'}"]
+                 f"curves by {self.loss_rel_gap:.2e}: {verdict}"]
         for title, rows in sections:
             lines.append(f"\n== {title} ==")
             lines += ["  " + "; ".join(f"{k}: {v}" for k, v in row.items()) for row in rows]
@@ -469,13 +473,19 @@ def _ranges(watch: _ModuleWatch, dtype: torch.dtype) -> list[ModuleRange]:
     return rows
 
 
-def _scales(watch: _ModuleWatch) -> tuple[float | None, float | None]:
+def _scales(watch: _ModuleWatch, param_grad_max: float = 0.0
+            ) -> tuple[float | None, float | None]:
+    """The smallest power of two that lifts 99% of the module-output gradients above fp16's
+    smallest subnormal, and the largest scale under which no gradient overflows fp16: the
+    module outputs' and the parameters' (``param_grad_max``; a weight gradient sums over the
+    batch and can be far larger than any output gradient)."""
     samples = [sample for *_, sample in watch.grads.values() if sample.numel()]
     if not samples:
         return None, None
     low = float(torch.quantile(torch.cat(samples), 0.01))  # of strided samples: size-limited
     needed = 2.0 ** max(0, math.ceil(math.log2(FP16_TINY / low)))
-    return needed, FP16_MAX / max(g[0] for g in watch.grads.values())
+    largest = max(param_grad_max, *(g[0] for g in watch.grads.values()))
+    return needed, (FP16_MAX / largest if largest > 0 else None)
 
 
 def _train(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.Tensor,
@@ -514,6 +524,11 @@ def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advic
         share = max((r.grad_below_smallest for r in report.ranges), default=0.0)
         lift = (f"; a scale of at least {report.scale_needed:g} lifts 99% of the gradients "
                 "above fp16's smallest normal" if report.scale_needed else "")
+        if (report.scale_needed and report.scale_max
+                and report.scale_needed > report.scale_max):
+            lift = (f"; no single scale fits: lifting 99% of the gradients needs "
+                    f"{report.scale_needed:.3g}, more than the largest safe one (keep the "
+                    "modules with the smallest gradients in fp32, or use bf16)")
         out.append(Advice(f'scaler = torch.amp.GradScaler("{kind}"); '
                           "scaler.scale(loss).backward(); scaler.step(optimizer); "
                           "scaler.update()",
@@ -521,12 +536,24 @@ def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advic
                           f"2^-24 and would be zero unscaled{lift}; the largest safe scale is "
                           f"{report.scale_max:.3g}" if report.scale_max else "fp16 needs it"))
         n_skipped = sum(report.skipped_steps)
-        if n_skipped and report.final_scale:
+        if report.first_nonfinite is not None:
+            # the forward itself overflows: the loss is inf/NaN at every scale, so the scaler
+            # halves each step and its last scale is a count of the steps, not a setting
+            out.append(Advice(f"# no GradScaler setting fixes this: fp16's forward overflows "
+                              f"in {report.first_nonfinite.split(' ')[0]}",
+                              f"the first inf/NaN under fp16 autocast comes out of "
+                              f"{report.first_nonfinite}, before any gradient; a scale acts on "
+                              "the loss and the gradients only"))
+        elif n_skipped and report.final_scale:
+            settled = not any(report.skipped_steps[-2:])
             out.append(Advice(f'scaler = torch.amp.GradScaler("{kind}", '
                               f"init_scale={report.final_scale:g})",
                               f"the scaler skipped {n_skipped} of {len(report.skipped_steps)} "
-                              "steps backing off from 65536 (gradients overflowed fp16); it "
-                              f"settled at {report.final_scale:g}"))
+                              "steps backing off from 65536 (gradients overflowed fp16); "
+                              + (f"it settled at {report.final_scale:g}" if settled else
+                                 f"it was still going down at the last step "
+                                 f"({report.final_scale:g}): run more steps to see where it "
+                                 "settles")))
     for r in report.ranges:
         if r.module not in report.flagged:
             continue
@@ -627,7 +654,9 @@ def _run(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.T
         kept: list[torch.Tensor] = []
         saved["fp32"] = saved_activation_bytes(lambda: kept.append(forward_loss(False)))
         kept.pop().backward()
-    ranges, (scale_needed, scale_max) = _ranges(watch, dtype), _scales(watch)
+    param_grad_max = max((float(p.grad.abs().max()) for p in model.parameters()
+                          if p.grad is not None and p.grad.numel()), default=0.0)
+    ranges, (scale_needed, scale_max) = _ranges(watch, dtype), _scales(watch, param_grad_max)
     del watch.outputs, watch.grads
     model.zero_grad(set_to_none=True)
 
@@ -687,7 +716,9 @@ def _run(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.T
         final_scale=final_scale,
         losses={"fp32": losses32, name: losses_amp}, output_max_abs_diff=max_diff,
         output_rel_diff=rel, loss_rel_gap=gap,
-        agrees=rel <= AGREEMENT[dtype] and gap <= AGREEMENT[dtype],
+        # a run whose every observed step was skipped compared the initial weights only
+        agrees=(rel <= AGREEMENT[dtype] and gap <= AGREEMENT[dtype]
+                and any(not s for s in skipped[:-1])),
         first_nonfinite=str(bad) if bad is not None else None,
         timing_ms={"fp32": timer32.timing.median * 1e3, "amp": timer_amp.timing.median * 1e3},
         timing_iqr_ms={"fp32": timer32.timing.iqr * 1e3, "amp": timer_amp.timing.iqr * 1e3},

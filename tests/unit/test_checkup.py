@@ -88,7 +88,10 @@ def test_the_fp16_hazard_is_found_in_the_module_that_overflows(hazard):
 
 
 def test_following_the_advice_makes_fp16_agree_with_fp32():
-    fixed = checked(RawCountsFixed, torch.float16)
+    torch.manual_seed(0)  # 6 steps: the scaler skips the first two, so 3 steps would compare
+    # nothing but the initial weights (not judged, test_agreement_is_not_claimed_...)
+    fixed = amp_checkup(RawCountsFixed(), counts_batch(), nn.functional.mse_loss,
+                        dtype=torch.float16, **{**OPTIONS, "steps": 6})
     assert fixed.fp16_overflows == ["stem.0"]  # the fp32 output is still past 65504
     assert not fixed.ran_low("stem.0") and fixed.flagged == []
     assert fixed.agrees and fixed.first_nonfinite is None
@@ -307,3 +310,42 @@ def test_following_the_tf32_advice_keeps_the_legacy_getters_answering(monkeypatc
     assert torch.backends.cuda.matmul.allow_tf32 is True
     assert torch.get_float32_matmul_precision() == "high"
     assert tf32_advice(fixed, h100, torch.float16) == []  # followed: not advised again
+
+
+def test_a_forward_overflow_gets_no_scale_advice(hazard):
+    # issue 43: the loss is NaN at every step, so the scaler halves each step; its last scale
+    # is a count of steps, and no scale fixes an overflow in the forward
+    lines = [a.line for a in hazard.advice]
+    assert not any("init_scale=" in line for line in lines)
+    assert any("no GradScaler setting fixes this" in line and "stem.0" in line
+               for line in lines)
+
+
+def test_the_largest_safe_scale_counts_the_weight_gradients():
+    # the fixed model's head weight gradient overflows fp16 from 2^17 (issue 43), where the
+    # module outputs' gradients alone allowed 5.6e6
+    fixed = checked(RawCountsFixed, torch.float16)
+    torch.manual_seed(0)
+    model = RawCountsFixed()
+    nn.functional.mse_loss(model(counts_batch()[0]), counts_batch()[1]).backward()
+    largest = max(float(p.grad.abs().max()) for p in model.parameters())
+    assert fixed.scale_max == pytest.approx(65504.0 / largest, rel=1e-5)
+    assert fixed.scale_max < 2.0**17
+    # lifting 99% of the output gradients needs more than that: the advice says no scale fits
+    assert fixed.scale_needed > fixed.scale_max
+    assert any("no single scale fits" in a.why for a in fixed.advice)
+
+
+def test_agreement_is_not_claimed_when_every_amp_step_was_skipped():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1))
+    x = torch.randn(64, 8)
+    huge = 1e30  # every fp16 gradient overflows at any scale the scaler reaches in 6 steps
+
+    def loss_fn(out, target):
+        return nn.functional.mse_loss(out, target) * huge
+
+    report = amp_checkup(model, (x, x.sum(1, keepdim=True)), loss_fn, dtype=torch.float16,
+                         **OPTIONS)
+    assert all(report.skipped_steps)
+    assert not report.agrees and "NOT JUDGED" in report.text()
