@@ -87,7 +87,8 @@ pd.DataFrame(conv_report.summary_rows()).fillna("")
 # against fp16's limits: 65504 is the largest fp16 value, 2^-14 its smallest normal (below it
 # fp16 keeps fewer digits, and below 2^-24 a value becomes zero). The last numeric column is the
 # AMP dtype's rounding step at a module's typical output over how much that output varies from
-# sample to sample: near 1, rounding would wipe out what tells samples apart.
+# sample to sample: above 0.5 (`checkup.ROUNDING_LIMIT`), rounding swamps what tells samples
+# apart.
 
 # %%
 assert FP16_MAX == torch.finfo(torch.float16).max == 65504

@@ -476,7 +476,7 @@ def _ranges(watch: _ModuleWatch, dtype: torch.dtype) -> list[ModuleRange]:
 def _scales(watch: _ModuleWatch, param_grad_max: float = 0.0
             ) -> tuple[float | None, float | None]:
     """The smallest power of two that lifts 99% of the module-output gradients above fp16's
-    smallest subnormal, and the largest scale under which no gradient overflows fp16: the
+    smallest normal (2^-14), and the largest scale under which no gradient overflows fp16: the
     module outputs' and the parameters' (``param_grad_max``; a weight gradient sums over the
     batch and can be far larger than any output gradient)."""
     samples = [sample for *_, sample in watch.grads.values() if sample.numel()]
