@@ -32,6 +32,7 @@ from amp_tutorial.autocast_policy import OpTrace, trace_dtypes
 from amp_tutorial.ceiling import Ceiling, matmul_ceiling
 from amp_tutorial.device import DeviceInfo, dtype_name, fp32_baseline, select_device, tf32_state
 from amp_tutorial.measure import (
+    NOISY_SPREAD,
     StepTimer,
     free_memory,
     peak_memory_bytes,
@@ -159,6 +160,17 @@ class Checkup:
         """t_fp32 / t_amp, medians of the timed steps."""
         return self.timing_ms["fp32"] / self.timing_ms["amp"]
 
+    @property
+    def speed_noise(self) -> str | None:
+        """Why the speedup is no result here (the course's timing rule, ``measure.Comparison``:
+        a spread over ``NOISY_SPREAD`` of the median), or None."""
+        noisy = [f"{mode}'s spread is {self.timing_iqr_ms[mode] / self.timing_ms[mode]:.0%} of "
+                 "its median" for mode in ("fp32", "amp")
+                 if self.timing_iqr_ms[mode] > NOISY_SPREAD * self.timing_ms[mode]]
+        if not noisy:
+            return None
+        return " and ".join(noisy) + f", more than {NOISY_SPREAD:.0%}: the machine was busy"
+
     def summary_rows(self) -> list[dict[str, object]]:
         return [
             {"finding": "device", "value": self.device},
@@ -209,8 +221,9 @@ class Checkup:
             rows.append({"run": self.tf32_label(mode), "time/step median (ms)":
                          round(self.timing_ms[mode], 3),
                          "time/step IQR (ms)": round(self.timing_iqr_ms[mode], 3),
-                         "speedup (t_fp32 / t)": round(self.timing_ms["fp32"]
-                                                       / self.timing_ms[mode], 2),
+                         "speedup (t_fp32 / t)": (float("nan") if self.speed_noise else
+                                                  round(self.timing_ms["fp32"]
+                                                        / self.timing_ms[mode], 2)),
                          "peak memory (MB)": round(peak / 2**20, 2) if peak is not None
                          else float("nan"),
                          "saved activations (MB)": round(self.saved_activation_bytes[mode]
@@ -583,7 +596,10 @@ def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advic
         out.append(Advice('torch.set_float32_matmul_precision("high")  # TF32 for fp32 matmuls',
                           f"{len(fp32_matmuls)} matmul(s) still ran in IEEE fp32 under autocast "
                           f"({where}); TF32 speeds them up on this GPU"))
-    if report.speedup < 1:
+    if report.speed_noise:
+        out.append(Advice("# time it again on an idle machine before deciding on speed",
+                          f"no speed verdict: {report.speed_noise}"))
+    elif report.speedup < 1:
         out.append(Advice("# keep this model in fp32 on this device",
                           f"AMP ran at {report.speedup:.2f}x fp32's speed here (t_fp32 / t_amp)"))
     return out

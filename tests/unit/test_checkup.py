@@ -349,3 +349,19 @@ def test_agreement_is_not_claimed_when_every_amp_step_was_skipped():
                          **OPTIONS)
     assert all(report.skipped_steps)
     assert not report.agrees and "NOT JUDGED" in report.text()
+
+
+def test_no_speed_verdict_from_noisy_timings(hazard):
+    # issue 43: on a shared machine the speed verdict came from wall time whose spread passed
+    # the course's NOISY rule; the timing rule holds for the check-up too
+    quiet = dataclasses.replace(hazard, timing_ms={"fp32": 10.0, "amp": 20.0},
+                                timing_iqr_ms={"fp32": 1.0, "amp": 1.0})
+    assert quiet.speed_noise is None and quiet.payoff_rows()[1]["speedup (t_fp32 / t)"] == 0.5
+    noisy = dataclasses.replace(quiet, timing_iqr_ms={"fp32": 1.0, "amp": 6.0})
+    assert "amp's spread is 30%" in noisy.speed_noise
+    assert math.isnan(noisy.payoff_rows()[1]["speedup (t_fp32 / t)"])
+    info = select_device("cpu")
+    lines = [a.line for a in _advice(noisy, info, torch.float16)]
+    assert not any("keep this model in fp32" in line for line in lines)
+    assert any("idle machine" in line for line in lines)
+    assert any("keep this model in fp32" in a.line for a in _advice(quiet, info, torch.float16))
