@@ -185,9 +185,11 @@ def _scale_label(label: str, log: bool) -> str:
     return f"{label[:-1]}, log scale)" if label.endswith(")") else f"{label} (log scale)"
 
 
-def plot_bars(values: Mapping[str, Mapping[str, float]], title: str) -> Figure:
+def plot_bars(values: Mapping[str, Mapping[str, float]], title: str,
+              errors: Mapping[str, Mapping[str, float]] | None = None) -> Figure:
     """One panel per metric (e.g. 'time per step (ms)'), one bar per run in its dtype's colour
-    (hatched where two runs share one), value printed on top.
+    (hatched where two runs share one), value printed on top; ``errors`` (same keys): a
+    whisker of that half-length on each bar, e.g. half the interquartile range.
     """
     metrics = list(values)
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.3), squeeze=False)
@@ -195,8 +197,10 @@ def plot_bars(values: Mapping[str, Mapping[str, float]], title: str) -> Figure:
         runs = values[metric]
         colours = [colour_for(run) for run in runs]
         hatches = ["", "//", "..", "xx"]
+        whiskers = [errors[metric][run] for run in runs] if errors else None
         bars = ax.bar(range(len(runs)), list(runs.values()), color=colours, edgecolor="white",
-                      hatch=[hatches[colours[:i].count(c) % 4] for i, c in enumerate(colours)])
+                      hatch=[hatches[colours[:i].count(c) % 4] for i, c in enumerate(colours)],
+                      yerr=whiskers, capsize=3 if whiskers else 0)
         ax.set_xticks(range(len(runs)),
                       [textwrap.fill(run, 9, break_long_words=False) for run in runs])
         ax.bar_label(bars, fmt="%.3g")
