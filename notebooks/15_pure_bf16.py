@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from amp_tutorial.device import describe_device, select_device
-from amp_tutorial.measure import time_steps
+from amp_tutorial.measure import Comparison, time_steps
 from amp_tutorial.models import course_models
 from amp_tutorial.plots import plot_losses
 from amp_tutorial.presets import get_preset
@@ -286,9 +286,12 @@ with torch.inference_mode():
 inference = pd.DataFrame({
     "ms/forward": {"fp32": t_fp32.median * 1e3, "autocast bf16": t_autocast.median * 1e3,
                    "cast once to bf16": t_cast.median * 1e3},
+    "IQR (ms)": {"fp32": t_fp32.iqr * 1e3, "autocast bf16": t_autocast.iqr * 1e3,
+                 "cast once to bf16": t_cast.iqr * 1e3},
     "weights (KB)": {"fp32": fp32_bytes / 1024, "autocast bf16": fp32_bytes / 1024,
                      "cast once to bf16": weight_bytes(cast_once) / 1024}})
 print(f"largest difference from the fp32 prediction: {max_diff:.4f} (targets lie in [0, 1])")
+print(Comparison("cast once", "autocast bf16", t_cast, t_autocast, preset.name))
 assert weight_bytes(cast_once) * 2 == fp32_bytes
 assert max_diff < 0.1
 inference.round(3)
