@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     learner_minutes: 35
+#     learner_minutes: 50
 #     memory:
 #       cpu: 323
 #       paper: 3517
@@ -25,13 +25,14 @@
 # ---
 
 # %% [markdown]
-# # 17 · Seeing what ran: the profiler, where the memory goes, and the fp32 baseline
+# # 17 · Seeing what ran: the profiler, the memory, the fp32 baseline and MFU
 #
 # Lessons 12 to 16 said which ops run in low precision under AMP. This lesson shows how to check
 # that on your own model instead of assuming it: which ops really ran in low precision (the
 # profiler, with input dtypes), where the memory goes (saved activations on every device, a memory
-# snapshot on CUDA and ROCm GPUs), and what your "fp32" baseline really was (TF32 on NVIDIA Ampere
-# and newer).
+# snapshot on CUDA and ROCm GPUs), what your "fp32" baseline really was (TF32 on NVIDIA Ampere
+# and newer), and how far a step is from the hardware's limit (MFU), with a short live ladder of
+# what closes the gap.
 #
 # Both course models take part: the 1x1-conv `ConvModel` of lessons 03-06 and the decoder-only
 # transformer of lesson 12 at the preset's sizes. Seeds are fixed.
@@ -268,6 +269,128 @@ if info.type == "cpu" and hasattr(torch.backends.mkldnn, "matmul"):
     assert set(onednn.values()) <= {"none", "ieee"}
 
 # %% [markdown]
+# ## 4. How far from the hardware's limit: MFU
+#
+# AMP made the step faster; how much faster *could* it be? **Model FLOPs utilization** (MFU, as
+# PaLM defines it) answers in three steps:
+#
+# 1. **FLOPs per step**: the multiply-adds of the forward and backward pass, 2 FLOPs each.
+#    PyTorch's `torch.utils.flop_counter.FlopCounterMode` counts them; the course's `step_flops`
+#    counts on `meta` tensors (shapes only: nothing computed or allocated). The optimizer is not
+#    counted; attention counts as two full matmuls, even where a causal kernel skips half.
+# 2. **Achieved TFLOP/s** = FLOPs per step / median step time.
+# 3. **MFU** = achieved / the hardware's dense peak *of the dtype the step computes in*: an H100
+#    SXM's datasheet gives 67 TFLOP/s for fp32 and 989.5 for fp16 and bf16 (tensor cores), so
+#    AMP's bar is about fifteen times higher than fp32's.
+#
+# By hand: each matmul weight costs 6 FLOPs per token (2 forward, 4 backward), a block has 12·d²
+# of them and the head d·vocab; attention's two matmuls add 12·batch·seq²·d per block.
+
+# %%
+from amp_tutorial.mfu import peak_for, step_flops
+from amp_tutorial.transformer import DecoderTransformer, TransformerConfig
+
+sizes = preset.transformer
+config = TransformerConfig(sizes.n_symbols + 1, sizes.seq_len, sizes.d_model, sizes.n_layers,
+                           sizes.n_heads)
+
+
+def flops_per_step(batch):  # the model and a batch built on "meta": counted, not computed
+    return step_flops(lambda: (DecoderTransformer(config),
+                               (torch.zeros(batch, sizes.seq_len, dtype=torch.long),) * 2),
+                      lambda model, x, y: sequence_loss(model(x), y))
+
+
+flops = flops_per_step(sizes.batch)
+d, layers, batch, seq = sizes.d_model, sizes.n_layers, sizes.batch, sizes.seq_len
+by_hand = (6 * batch * seq * (12 * d * d * layers + d * config.vocab_size)
+           + 12 * batch * seq * seq * d * layers)
+print(f"one training step: {flops / 1e9:.3f} GFLOP counted, {by_hand / 1e9:.3f} by hand")
+assert flops == by_hand
+assert flops_per_step(4 * batch) == 4 * flops  # four times the tokens, four times the FLOPs
+
+# %% [markdown]
+# A CPU has no single datasheet peak (it follows its cores, clocks and vector units): there MFU
+# is n/a and the measure is the share **of the measured matmul rate** of the step's dtype, a
+# square matmul timed now (`matmul_ceiling`; `Utilization.of_matmul`). Where bf16 is emulated (a
+# CPU without avx512_bf16 or AMX), that rate bounds nothing, and it is n/a too.
+#
+# `amp_tutorial.ladder` trains the transformer in *rungs*, each changing one thing: fp32, AMP, +
+# fused AdamW, + `torch.compile`, + CUDA graphs (CUDA only), 4x the batch, the other 16-bit
+# dtype, pure bf16. Each rung is a fresh seeded model, timed for a short budget and profiled for
+# 3 steps. The compiled rungs are left out here (compiling takes minutes; `pdm run ladder` runs
+# them all); the larger batch, the other dtype and pure bf16 run eager instead.
+
+# %%
+from amp_tutorial.ceiling import SIZES, matmul_ceiling
+from amp_tutorial.ladder import run_ladder
+
+peak = peak_for(info.name, info.type)  # the datasheet's dense peaks; None on a CPU
+RUN_S, RUN_STEPS = {"smoke": (0.5, 5), "small": (1.0, 10)}.get(preset.name, (3.0, 30))
+ceiling = matmul_ceiling(info, SIZES[preset.name], "matmuls", budget_s=RUN_S)
+print(f"peak: {peak.name} {peak.tflops} TFLOP/s" if peak else "no datasheet peak: MFU is n/a")
+print("\n".join(ceiling.lines()))
+rows = run_ladder(info, sizes, ceiling, compiled=False, budget_s=RUN_S, max_steps=RUN_STEPS)
+ran = [r for r in rows if r.timing is not None]
+pd.DataFrame([r.table_row() for r in rows]).fillna("").style.hide(axis="index")
+
+# %%
+from amp_tutorial.measure import Comparison
+
+fp32 = rows[0]
+for r in ran:
+    u = r.utilization
+    # the dtype changes the cost of a FLOP, not their number; the tokens change their number
+    assert u.flops * fp32.tokens == fp32.utilization.flops * r.tokens, (r.rung.name, u.flops)
+    assert abs(sum(r.shares.shares.values()) - 1) < 0.02, (r.rung.name, r.shares.shares)
+    assert (u.mfu is None) == (peak is None) and (info.type != "cpu" or u.mfu is None)
+    assert r.rung.compute not in ceiling.emulated or u.of_matmul is None
+    if r is not fp32:
+        print(Comparison(r.rung.name, "fp32", r.timing, fp32.timing, preset.name))
+for dtype in ceiling.emulated:
+    print(f"{dtype} is emulated on this CPU: no {dtype} matmul rate to compare against")
+beyond = [r.rung.name for r in ran if (r.utilization.of_matmul or 0) > 1]
+if beyond:  # a busy machine, or a dtype emulated here
+    print(f"{', '.join(beyond)}: above 100% of the timed matmul rate, no limit for them here")
+
+# %% [markdown]
+# The figures: each rung's MFU (with the 40% goal, where there is a datasheet peak) or share of
+# the matmul rate, whiskers the IQR; then each step split into matmuls, attention, memory-bound
+# ops (norms, adds, casts), the optimizer and *idle* (no kernel ran on a GPU; no op on a CPU).
+
+# %%
+from amp_tutorial.ladder import ladder_figures, ladder_report
+
+figures = ladder_figures(ladder_report(info, ceiling, rows))  # drawn from the numbers above
+
+# %% [markdown]
+# **What a GPU run said.** `pdm run ladder` on an NVIDIA H200 (torch 2.11.0+cu130, 2026-11-27;
+# the record: [docs/benchmark.md](../docs/benchmark.md)) at `paper` (6 layers, width 512, seq
+# 512, batch 32: 2.17 TFLOP per step), compiled rungs included:
+#
+# | rung | ms/step | MFU | idle |
+# | --- | --- | --- | --- |
+# | fp32 | 51.9 | 62% of fp32's 67 TFLOP/s (41.7 TFLOP/s) | |
+# | AMP fp16 (eager) | 20.9 (IQR 3.4) | 10.5% of 989.5 TFLOP/s | 65% |
+# | + fused AdamW | 18.5 | 11.9% | |
+# | + torch.compile | 12.4 | 17.7% | 63% |
+# | + CUDA graphs (`mode="reduce-overhead"`) | 7.9 | 27.6% | 22% |
+# | + batch x4 (65,536 tokens) | 25.2 | 34.8% | 8% |
+# | bf16 instead of fp16, then pure bf16 | 24.0, 23.0 | 36.5%, 38.0% | |
+#
+# Plain AMP left the tensor cores idle: for 65% of its step no kernel ran, as the GPU waited for
+# Python to launch its many small kernels (**launch-bound**); matmuls took 11%, attention 3%,
+# memory-bound ops 19%, the optimizer 2%. Each rung removed one cause: fusing cut kernels, CUDA
+# graphs cut launches, a 4x batch gave each kernel more work. The best rung, pure bf16, stayed
+# below the 40% goal at this width. A width sweep (eager, AMP fp16 against fp32) showed the
+# rest: AMP was *slower* than fp32 at width 256 with 16,384 tokens (21.1 against 19.0 ms) and
+# faster from width 512; eager AMP reached 40.5% MFU at width 1024 with 65,536 tokens, 46.6%
+# (16,384 tokens) and 50.8% (65,536) at width 2048, while fp32 stayed at 49-75% of its own, much
+# lower peak. **Larger matmuls are what keep tensor cores busy.** Eager rungs of a launch-bound
+# step vary too: an earlier run that day gave AMP fp16 14.5 ms and compile 17.6 ms; eager
+# numbers varied by ~40% between the two runs. That is why the ladder prints IQRs.
+
+# %% [markdown]
 # ## Try it
 #
 # Each exercise changes one thing in a cell above. Predict the outcome, then re-run from that cell.
@@ -280,6 +403,9 @@ if info.type == "cpu" and hasattr(torch.backends.mkldnn, "matmul"):
 #    `dtype=torch.float16`. On a CPU both models save exactly the same bytes as before (ratios 0.516
 #    and 0.573 at `smoke`; the column keeps its bf16 label): both formats take 2 bytes, and CPU
 #    autocast applies the same lists to both.
+# 3. **Bigger matmuls, without compiling.** In section 4, run one more rung: `import dataclasses`,
+#    `from amp_tutorial.ladder import run_step`, then `run_step(info, sizes, dataclasses.replace(
+#    rows[1].rung, batch_scale=4), ceiling)`. Its `utilization.flops` is exactly 4x fp32's.
 
 # %% [markdown]
 # ## Quiz: the advanced track
@@ -315,3 +441,6 @@ assert quiz.all_correct, "not all answers are right yet: change them above and r
 # - Count saved activations on any device; on CUDA and ROCm, a memory snapshot shows every
 #   allocation.
 # - Name your fp32 baseline: on NVIDIA Ampere and newer it may be TF32.
+# - MFU = model FLOPs per second (`FlopCounterMode` counts them) over the peak of the dtype the
+#   step computes in. Plain AMP on a small model is launch- and memory-bound (10.5% on an H200);
+#   fusing, compiling, CUDA graphs and above all larger matmuls are what close the gap.

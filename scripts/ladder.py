@@ -33,6 +33,7 @@ from amp_tutorial.ladder import (
     SweepRow,
     amp_pays_from,
     ladder_figures,
+    ladder_report,
     run_ladder,
     sweep,
     sweep_widths,
@@ -41,17 +42,6 @@ from amp_tutorial.mfu import peak_for, percent
 from amp_tutorial.presets import UnknownPresetError, get_preset
 
 PARTS = ("ladder", "sweep")
-
-
-def rung_line(row: RungResult) -> list[str]:
-    """One table row: rung, change, tokens, ms/step (IQR), TFLOP/s, MFU, of matmul, loss."""
-    head = [row.rung.name, row.rung.change, str(row.tokens)]
-    if row.timing is None or row.utilization is None:
-        return [*head, row.skipped or "-", "", "", "", ""]
-    u, t = row.utilization, row.timing
-    noisy = " NOISY" if t.noisy else ""
-    return [*head, f"{t.median * 1e3:.2f} ({t.iqr * 1e3:.2f}){noisy}", f"{u.tflops:.3g}",
-            percent(u.mfu), percent(u.of_matmul), f"{row.final_loss:.4g}"]
 
 
 def table(cols: list[str], rows: list[list[str]]) -> str:
@@ -63,6 +53,12 @@ def table(cols: list[str], rows: list[list[str]]) -> str:
 
 LADDER_COLUMNS = ["rung", "what it changed", "tokens/step", "ms/step (IQR)", "TFLOP/s", "MFU",
                   "of matmul", "final loss"]
+
+
+def rung_line(row: RungResult) -> list[str]:
+    """One table row, in LADDER_COLUMNS' order."""
+    values = row.table_row()
+    return [str(values.get(c, "")) for c in LADDER_COLUMNS]
 
 
 def shares_table(rows: list[RungResult]) -> str:
@@ -145,12 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = matmul_ceiling(info, SIZES[preset.name], "matmuls")
     print("\n".join(ceiling.lines()), flush=True)
     options = {"budget_s": args.run_budget, "max_steps": args.max_steps}
-    report: dict[str, object] = {
-        "device": str(info.device), "device_name": info.name, "backend": info.backend,
-        "torch": torch.__version__, "preset": preset.name, "cpu_bf16_flags": flags,
-        "peak": None if peak is None else {"name": peak.name, "tflops": peak.tflops,
-                                           "source": peak.source},
-        "ceiling": ceiling.as_dict(), "mfu_goal": MFU_GOAL}
+    report = ladder_report(info, ceiling) | {"preset": preset.name, "cpu_bf16_flags": flags}
     ladder_rows: list[RungResult] = []
     sweep_rows: list[SweepRow] = []
     if "ladder" in args.parts:
@@ -169,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 verdict = "reached" if best.utilization.mfu >= MFU_GOAL else "not reached"
                 print(f"\nbest rung: {best.rung.name}, MFU {percent(best.utilization.mfu)}: the "
                       f"{MFU_GOAL:.0%} goal {verdict}")
-        report["ladder"] = [r.as_dict() for r in ladder_rows]
+        report |= ladder_report(info, ceiling, ladder_rows)
     if "sweep" in args.parts:
         deadline = None if args.budget is None else started + args.budget
         widths = tuple(args.widths or sweep_widths(preset.name))
@@ -181,9 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         for tokens, width in pays.items():
             print(f"AMP faster than fp32 at {tokens} tokens per step: "
                   + (f"from width {width} up" if width else "at no width measured"))
-        report["sweep"] = [{"d_model": r.d_model, "tokens": r.tokens, "mode": r.mode,
-                            **r.result.as_dict()} for r in sweep_rows]
-        report["amp_pays_from_width"] = {str(t): w for t, w in pays.items()}
+        report |= ladder_report(info, ceiling, (), sweep_rows)
     report["seconds"] = round(time.monotonic() - started, 1)
     if args.plots:
         for path in write_plots(args.plots, report):

@@ -116,6 +116,15 @@ def matmul_rate(n: int, dtype: torch.dtype, device: torch.device | str, steps: i
     return MatmulRate(n, dtype_name(dtype), timer.timing)
 
 
+def cpu_fp16_kernels() -> bool:
+    """Whether oneDNN has fp16 kernels for this CPU (avx512_fp16 or AMX-FP16); without them a CPU
+    fp16 matmul runs ATen's reference gemm: emulated."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def ceiling_dtypes(info: DeviceInfo) -> tuple[list[torch.dtype], list[str]]:
     """The low-precision dtypes whose matmul to measure on this device, and notes on any left out.
 
@@ -126,11 +135,7 @@ def ceiling_dtypes(info: DeviceInfo) -> tuple[list[torch.dtype], list[str]]:
     dtypes = list(info.amp_dtypes)
     notes = []
     if info.type == "cpu" and torch.float16 not in dtypes:
-        try:
-            fp16_kernels = bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
-        except (AttributeError, RuntimeError):
-            fp16_kernels = False
-        if fp16_kernels:
+        if cpu_fp16_kernels():
             dtypes.append(torch.float16)
         else:
             notes.append("fp16: not measured, emulated on this CPU (oneDNN has no fp16 kernels "
@@ -255,6 +260,8 @@ def matmul_ceiling(info: DeviceInfo, sizes: tuple[int, ...] = SIZES["cpu"],
         notes.append(f"fp32: matmuls timed with TF32, as this model's fp32 {fp32_like} run "
                      "on this GPU")
     emulated = ("bf16",) if info.type == "cpu" and info.native_bf16 is False else ()
+    if info.type == "cpu" and torch.float16 in dtypes and not cpu_fp16_kernels():
+        emulated += ("fp16",)  # AMP_TUTORIAL_DTYPE=float16 on a CPU without oneDNN's fp16
     rates = [matmul_rate(n, dtype, info.device, tf32=tf32, **rate_options)
              for n in sizes for dtype in (torch.float32, *dtypes)]
     return Ceiling(tuple(rates), tuple(notes), emulated)

@@ -33,7 +33,7 @@ import torch
 from amp_tutorial.ceiling import Ceiling
 from amp_tutorial.device import DeviceInfo, dtype_name, tf32_in_use
 from amp_tutorial.measure import Timing, free_memory, fresh_compile_cache, time_steps
-from amp_tutorial.mfu import Utilization, compute_dtype, peak_for, step_flops
+from amp_tutorial.mfu import Utilization, compute_dtype, peak_for, percent, step_flops
 from amp_tutorial.presets import TransformerSizes
 from amp_tutorial.reversal_task import ReversalTask, sequence_loss
 from amp_tutorial.step_profile import TimeShares, profile_steps, time_shares
@@ -115,6 +115,18 @@ class RungResult:
     final_loss: float | None = None
     skipped: str | None = None
 
+    def table_row(self) -> dict[str, object]:
+        """The row the ladder's table shows: rung, change, tokens, time, rate and the limits."""
+        row: dict[str, object] = {"rung": self.rung.name, "what it changed": self.rung.change,
+                                  "tokens/step": self.tokens}
+        if self.timing is None or self.utilization is None:
+            return row | {"ms/step (IQR)": self.skipped or "-"}
+        t, u = self.timing, self.utilization
+        return row | {"ms/step (IQR)": f"{t.median * 1e3:.2f} ({t.iqr * 1e3:.2f})"
+                      + (" NOISY" if t.noisy else ""),
+                      "TFLOP/s": f"{u.tflops:.3g}", "MFU": percent(u.mfu),
+                      "of matmul": percent(u.of_matmul), "final loss": f"{self.final_loss:.4g}"}
+
     def as_dict(self) -> dict[str, object]:
         rung = dataclasses.asdict(self.rung)
         rung["amp_dtype"] = dtype_name(self.rung.amp_dtype) if self.rung.amp_dtype else None
@@ -187,14 +199,19 @@ def run_ladder(info: DeviceInfo, sizes: TransformerSizes, ceiling: Ceiling | Non
                compiled: bool = True, **options: object) -> list[RungResult]:
     """Every rung of ``ladder_rungs`` in order. A rung that does not apply, one that fails
     (its error's last line), one not started before ``deadline`` (``time.monotonic()``) and,
-    with ``compiled=False``, a compiled one are rows with ``skipped`` set; ``on_row`` sees each
-    row as it is done. Each compiled rung compiles cold, in an empty cache of its own
+    with ``compiled=False``, the compile and CUDA-graph rungs are rows with ``skipped`` set (the
+    rungs built on them, a larger batch, the other dtype, pure bf16, then run eager); ``on_row``
+    sees each row as it is done. Each compiled rung compiles cold, in an empty cache of its own
     (``measure.fresh_compile_cache``): no graph compiled for another rung is reused."""
     rows = []
     for rung, why in ladder_rungs(info):
         tokens = sizes.batch * rung.batch_scale * sizes.seq_len
         if why is None and rung.compile_mode and not compiled:
-            why = "left out here: compiling takes minutes on a CPU (pdm run ladder runs it)"
+            if rung.batch_scale == 1:
+                why = "left out here (compiled=False): pdm run ladder runs it"
+            else:
+                rung = dataclasses.replace(rung, compile_mode=None, fused=True,
+                                           change=rung.change + " (eager here)")
         if why is None and deadline is not None and time.monotonic() > deadline:
             why = "not reached: the time given to the ladder was spent"
         if why is not None:
@@ -279,6 +296,28 @@ def amp_pays_from(rows: Sequence[SweepRow], tokens: int) -> int | None:
         if all(faster[i:]):
             return width
     return None
+
+
+def ladder_report(info: DeviceInfo, ceiling: Ceiling | None,
+                  ladder: Sequence[RungResult] = (), sweep_rows: Sequence[SweepRow] = ()
+                  ) -> dict[str, object]:
+    """What a ladder run measured, as plain numbers (``pdm run ladder --json`` writes it;
+    ``ladder_figures`` draws it)."""
+    peak = peak_for(info.name, info.type)
+    report: dict[str, object] = {
+        "device": str(info.device), "device_name": info.name, "backend": info.backend,
+        "torch": torch.__version__,
+        "peak": None if peak is None else {"name": peak.name, "tflops": peak.tflops,
+                                           "source": peak.source},
+        "ceiling": None if ceiling is None else ceiling.as_dict(), "mfu_goal": MFU_GOAL}
+    if ladder:
+        report["ladder"] = [r.as_dict() for r in ladder]
+    if sweep_rows:
+        report["sweep"] = [{"d_model": r.d_model, "tokens": r.tokens, "mode": r.mode,
+                            **r.result.as_dict()} for r in sweep_rows]
+        tokens = sorted({r.tokens for r in sweep_rows})
+        report["amp_pays_from_width"] = {str(t): amp_pays_from(sweep_rows, t) for t in tokens}
+    return report
 
 
 def ladder_figures(report: dict) -> dict[str, object]:

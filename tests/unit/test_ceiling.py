@@ -192,3 +192,19 @@ def test_bf16_is_marked_emulated_exactly_where_the_cpu_lacks_it():
     info = select_device("cpu")
     ceiling = matmul_ceiling(info, (32,), steps=3, warmup=1)
     assert ("bf16" in ceiling.emulated) == (info.native_bf16 is False)
+
+
+def test_fp16_is_marked_emulated_on_a_cpu_without_onednn_fp16(monkeypatch):
+    # AMP_TUTORIAL_DTYPE=float16 on a Zen 3: the fp16 matmul runs ATen's reference gemm, and a
+    # step read against it came out at 68-285% "of matmul" (lesson 17, issue 45)
+    import dataclasses
+
+    import amp_tutorial.ceiling as ceiling_module
+    from amp_tutorial.ceiling import matmul_ceiling
+    from amp_tutorial.device import select_device
+
+    info = dataclasses.replace(select_device("cpu"), amp_dtypes=(torch.float16,))
+    for kernels in (False, True):
+        monkeypatch.setattr(ceiling_module, "cpu_fp16_kernels", lambda k=kernels: k)
+        ceiling = matmul_ceiling(info, (64,), steps=3, budget_s=0.2)
+        assert ("fp16" in ceiling.emulated) == (not kernels)

@@ -112,3 +112,22 @@ def test_the_figures_come_from_a_saved_report_and_name_each_rungs_peak():
                           "ladder": [dict(rung, mfu=None)], "sweep": []})
     assert set(cpu) == {"ladder", "time-shares"}  # measured against the matmul rate instead
     assert "matmul rate" in cpu["ladder"].axes[0].get_xlabel()
+
+
+def test_without_compiling_the_rungs_built_on_compile_run_eager(monkeypatch):
+    import amp_tutorial.ladder as ladder
+
+    seen = []
+
+    def record(info, sizes, rung, *_args, **_kwargs):
+        seen.append(rung)
+        return RungResult(rung, sizes.batch * rung.batch_scale * sizes.seq_len)
+
+    monkeypatch.setattr(ladder, "run_step", record)
+    rows = run_ladder(CUDA, get_preset("smoke").transformer, None, compiled=False)
+    assert all(r.compile_mode is None for r in seen)
+    names = {r.name for r in seen}
+    assert {"AMP bf16 + batch x4", "AMP fp16 + batch x4", "pure bf16 + batch x4"} <= names
+    skipped = {r.rung.name: r.skipped for r in rows if r.skipped}
+    assert set(skipped) == {"AMP bf16 + compile", "AMP bf16 + CUDA graphs"}
+    assert next(r for r in seen if r.name == "AMP bf16 + batch x4").change.endswith("(eager here)")
