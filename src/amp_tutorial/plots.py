@@ -33,6 +33,12 @@ MARKS: dict[str, str] = {  # colours of things that are not runs
     "lost": "#d62728",  # red: flushed to 0, overflowed to inf, a skipped step
     "subnormal": "#bcbd22",  # olive: fp16's subnormal band (fewer significant bits)
     "normal": "#7f7f7f",  # grey: fp16's normal band
+    # where a step's time goes (amp_tutorial.step_profile.GROUPS), in none of the dtypes' colours
+    "matmul": "#393b79",  # dark blue
+    "attention": "#637939",  # dark olive
+    "memory-bound": "#e7ba52",  # gold
+    "optimizer": "#843c39",  # dark red
+    "idle": "#d9d9d9",  # light grey
 }
 
 # how labels name each dtype; the earliest name in a label wins ("AMP bf16 (fp32 weights)": bf16)
@@ -200,7 +206,7 @@ def plot_bars(values: Mapping[str, Mapping[str, float]], title: str,
         whiskers = [errors[metric][run] for run in runs] if errors else None
         bars = ax.bar(range(len(runs)), list(runs.values()), color=colours, edgecolor="white",
                       hatch=[hatches[colours[:i].count(c) % 4] for i, c in enumerate(colours)],
-                      yerr=whiskers, capsize=3 if whiskers else 0)
+                      yerr=whiskers, capsize=3 if whiskers else 0, ecolor=MARKS["normal"])
         ax.set_xticks(range(len(runs)),
                       [textwrap.fill(run, 9, break_long_words=False) for run in runs])
         ax.bar_label(bars, fmt="%.3g")
@@ -332,9 +338,8 @@ def plot_scale_history(scales: Mapping[str, Sequence[float]] | Sequence[float], 
 
 
 
-GROUP_COLOURS: dict[str, str] = {  # amp_tutorial.step_profile.GROUPS
-    "matmul": "#1f77b4", "attention": "#9467bd", "memory-bound": "#ff7f0e",
-    "optimizer": "#8c564b", "idle": "#c7c7c7"}
+GROUP_COLOURS: dict[str, str] = {  # amp_tutorial.step_profile.GROUPS: no dtype's colour
+    group: MARKS[group] for group in ("matmul", "attention", "memory-bound", "optimizer", "idle")}
 
 
 def plot_utilization(rows: Sequence[tuple[str, float, float | None]], measure: str,
@@ -345,7 +350,7 @@ def plot_utilization(rows: Sequence[tuple[str, float, float | None]], measure: s
     labels = [r[0] for r in rows][::-1]
     values = [r[1] for r in rows][::-1]
     errors = [r[2] or 0.0 for r in rows][::-1]
-    bars = ax.barh(range(len(rows)), values, xerr=errors, capsize=3,
+    bars = ax.barh(range(len(rows)), values, xerr=errors, capsize=3, ecolor=MARKS["normal"],
                    color=[colour_for(label) for label in labels])
     ax.bar_label(bars, labels=[f"{v:.1%}" for v in values], padding=4, fontsize=8)
     ax.set_yticks(range(len(rows)), labels, fontsize=8)

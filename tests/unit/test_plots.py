@@ -77,12 +77,22 @@ SAMPLES = {  # small inputs for each public plotting helper
         {"fp32": [1.0, 0.5, 0.2], "AMP bf16": [1.0, 0.5, 0.2], "AMP fp16": [1.0, 0.6, 0.3]}),
     "plot_bars": lambda: plots.plot_bars(
         {"time (ms)": {"eager fp32": 2.0, "eager bf16": 1.0, "compiled fp32": 1.5,
-                       "compiled bf16": 0.8}}, "bars"),
+                       "compiled bf16": 0.8}}, "bars",
+        errors={"time (ms)": {"eager fp32": 0.1, "eager bf16": 0.1, "compiled fp32": 0.2,
+                              "compiled bf16": 0.1}}),
     "plot_op_times": lambda: plots.plot_op_times(ROWS, "ops"),
     "plot_gradient_magnitudes": lambda: plots.plot_gradient_magnitudes(
         torch.tensor([2.0**-30, 2.0**-20, 0.0, -(2.0**-10)]), 2.0**16, "gradients"),
     "plot_scale_history": lambda: plots.plot_scale_history(
         {"healthy": [8.0, 8.0, 16.0], "collapsing": [8.0, 4.0, 2.0]}, "scale"),
+    "plot_utilization": lambda: plots.plot_utilization(
+        [("fp32", 0.6, 0.01), ("AMP bf16 + compile", 0.2, None)], "MFU", "ladder", 0.4),
+    "plot_time_shares": lambda: plots.plot_time_shares(
+        {"fp32": {"matmul": 0.7, "attention": 0.1, "memory-bound": 0.1, "optimizer": 0.05,
+                  "idle": 0.05}}, "shares"),
+    "plot_sweep": lambda: plots.plot_sweep(
+        {"fp32, 512 tokens": {64: (0.5, 0.02), 128: (0.6, 0.05)},
+         "AMP bf16, 512 tokens": {64: (0.1, 0.03), 128: (0.3, 0.02)}}, "sweep", "MFU"),
 }
 ALLOWED = {to_rgb(c) for c in [*PALETTE.values(), *MARKS.values()]}
 
