@@ -374,7 +374,8 @@ def plot_time_shares(shares: Mapping[str, Mapping[str, float]], title: str) -> F
         ax.barh(range(len(names)), widths, left=left, color=colour, label=group)
         for y, (x, w) in enumerate(zip(left, widths, strict=True)):
             if w >= 0.07:
-                ax.text(x + w / 2, y, f"{w:.0%}", ha="center", va="center", fontsize=7)
+                ax.text(x + w / 2, y, f"{w:.0%}", ha="center", va="center", fontsize=7,
+                        color="black" if group in ("memory-bound", "idle") else "white")
         left += widths
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.set(title=title, xlabel="share of the step's time", xlim=(0, 1))
