@@ -177,19 +177,12 @@ def lesson_child(lesson: str, result: str) -> int:
     in the namespace (``PATH_FACTS``) is added to the result as ``gpu_paths``."""
     from course_tools import lesson_exec
 
-    seen: dict[str, dict[str, Any]] = {}
-    run_cell = lesson_exec._run_cell
-
-    def keep_namespace(cell: Any, namespace: dict[str, Any], filename: str) -> None:
-        seen["namespace"] = namespace
-        run_cell(cell, namespace, filename)
-
-    lesson_exec._run_cell = keep_namespace  # run_lesson keeps its namespace to itself
-    outcome = lesson_exec.run_lesson(Path(lesson), Path(result))
+    namespace: dict[str, Any] = {}
+    outcome = lesson_exec.run_lesson(Path(lesson), Path(result), namespace=namespace)
     facts = PATH_FACTS.get(Path(lesson).name[:2])
     if facts is not None:
         try:
-            outcome["gpu_paths"] = facts(seen.get("namespace", {}))
+            outcome["gpu_paths"] = facts(namespace)
         except Exception as error:  # noqa: BLE001 - a renamed variable: the GPU run says so
             outcome["gpu_paths"] = {"error": lesson_exec.first_error_line(error)}
         tmp = Path(result).with_suffix(".tmp")

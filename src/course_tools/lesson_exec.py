@@ -184,8 +184,10 @@ class _Peak:
         return torch.cuda.is_initialized() or (hasattr(torch, "xpu") and torch.xpu.is_initialized())
 
 
-def run_lesson(path: Path, result_path: Path, solutions: Path | None = None) -> dict[str, Any]:
-    """Run every code cell of the lesson at ``path``; write and return the result."""
+def run_lesson(path: Path, result_path: Path, solutions: Path | None = None,
+               namespace: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run every code cell of the lesson at ``path``; write and return the result. ``namespace``:
+    a dict the cells run in, for a caller that reads what the lesson left there."""
     started = time.perf_counter()
     result: dict[str, Any] = {"lesson": path.stem, "cells": [], "first_error": None,
                               "finished": False, "seconds": 0.0, "max_memory_allocated": None,
@@ -214,7 +216,8 @@ def run_lesson(path: Path, result_path: Path, solutions: Path | None = None) -> 
         peak.install()
     except Exception as error:  # noqa: BLE001 - the lesson's own cells will say more
         result["peak_error"] = first_error_line(error)
-    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    namespace = {} if namespace is None else namespace
+    namespace.update(__name__="__main__", __builtins__=builtins)
     write()
     for cell, entry in zip(cells, result["cells"], strict=True):
         if SKIP_TAG in cell.tags or "NBVAL_SKIP" in cell.tags:
