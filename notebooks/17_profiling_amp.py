@@ -345,7 +345,7 @@ for r in ran:
     assert abs(sum(r.shares.shares.values()) - 1) < 0.02, (r.rung.name, r.shares.shares)
     assert (u.mfu is None) == (peak is None) and (info.type != "cpu" or u.mfu is None)
     assert r.rung.compute not in ceiling.emulated or u.of_matmul is None
-    if r is not fp32:
+    if r is not fp32 and r.tokens == fp32.tokens:  # a step of 4x the tokens: compare TFLOP/s
         print(Comparison(r.rung.name, "fp32", r.timing, fp32.timing, preset.name))
 for dtype in ceiling.emulated:
     print(f"{dtype} is emulated on this CPU: no {dtype} matmul rate to compare against")

@@ -339,9 +339,10 @@ def ladder_figures(report: dict) -> dict[str, object]:
         figures["ladder"] = plot_utilization(
             [(label(r), r[key], r[key] * r["iqr_s"] / r["median_s"]) for r in ran], measure,
             f"The ladder on {device}", MFU_GOAL if peak else None)
-        figures["time-shares"] = plot_time_shares(
-            {r["name"]: r["time_shares"] for r in ran if r.get("time_shares")},
-            f"Where the step's time goes, {device}")
+    shares = {r["name"]: r["time_shares"] for r in report.get("ladder", [])
+              if r.get("time_shares")}  # every profiled rung, with a limit to read it by or not
+    if shares:
+        figures["time-shares"] = plot_time_shares(shares, f"Where the step's time goes, {device}")
     curves: dict[str, dict[int, tuple[float, float]]] = {}
     for r in report.get("sweep", []):
         if r.get(key):

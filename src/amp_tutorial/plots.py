@@ -366,7 +366,7 @@ def plot_utilization(rows: Sequence[tuple[str, float, float | None]], measure: s
 
 def plot_time_shares(shares: Mapping[str, Mapping[str, float]], title: str) -> Figure:
     """One stacked horizontal bar per rung: each group's share of the step, left to right."""
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(shares) + 1.6))
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(shares) + 2.0))
     names = list(shares)[::-1]
     left = np.zeros(len(names))
     for group, colour in GROUP_COLOURS.items():
@@ -380,8 +380,8 @@ def plot_time_shares(shares: Mapping[str, Mapping[str, float]], title: str) -> F
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.set(title=title, xlabel="share of the step's time", xlim=(0, 1))
     ax.xaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
-    ax.legend(fontsize=7, ncols=5, loc="upper center", bbox_to_anchor=(0.5, -0.25))
-    fig.tight_layout()
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=7, ncols=5, loc="lower center")
+    fig.tight_layout(rect=(0, 0.1, 1, 1))  # the legend below the axis label, not over it
     return fig
 
 
