@@ -27,6 +27,7 @@ import pytest
 
 from amp_tutorial import versions
 from amp_tutorial.device import DTYPE_ENV
+from amp_tutorial.exercises import solutions
 from amp_tutorial.profiler_logs import KINETO_LOG_ENV, KINETO_LOG_OFF, kineto_log_lines
 from course_tools import answers
 from course_tools.catalogue import is_lesson
@@ -146,9 +147,9 @@ def pytest_runtest_call(item: pytest.Item):
 
 # --- exercises: run each exercise notebook with the reference solution in place ----------------
 # A learner's cell is marked `# %% tags=["exercise"] solution="NAME.py"`; the test run swaps in
-# solutions/NAME.py (course_tools.answers, shared with the handout), so the learner sees the stub
-# while nbval checks the notebook with the answer.
-SOLUTIONS = ROOT / "solutions"
+# amp_tutorial/exercises/solutions/NAME.py (course_tools.answers, shared with the handout), so the
+# learner sees the stub while nbval checks the notebook with the answer.
+SOLUTIONS = solutions.FOLDER
 
 
 def use_solutions(notebook) -> None:

@@ -37,7 +37,7 @@
 # 4. Answer the quiz.
 #
 # Stuck? The hints below open one at a time. The reference solution is in
-# `solutions/train_with_amp.py`; try without it first.
+# `amp_tutorial/exercises/solutions/train_with_amp.py`; try without it first.
 
 # %%
 import torch
@@ -128,7 +128,7 @@ def train_with_amp(model, data, optimizer, loss_fn, epochs, device_type, amp_dty
 #
 # Read the checker's messages top to bottom: the first is usually the cause of the others.
 # A message that starts `[bfloat16]` only applies to the bfloat16 run, and so on. The full answer
-# is in `solutions/train_with_amp.py`.
+# is in `amp_tutorial/exercises/solutions/train_with_amp.py`.
 # </details>
 
 # %% [markdown]
@@ -215,8 +215,8 @@ assert quiz.all_correct, "not all answers are right yet: change them above and r
 # ## Try it
 #
 # Each exercise changes one thing in a cell above. Predict the outcome, then re-run from that cell.
-# Start from a loop the checker passes (yours, or `solutions/train_with_amp.py`). The checker's
-# problem is the same at every preset; the numbers below were measured on a CPU.
+# Start from a loop the checker passes (yours, or the reference answer named above). The
+# checker's problem is the same at every preset; the numbers below were measured on a CPU.
 #
 # 1. **Record the scaled loss.** In your `train_with_amp`, replace `loss.item()` with
 #    `scaler.scale(loss).item()`. The checker names one problem, in both float16 runs: "The losses

@@ -1,7 +1,7 @@
 """Exercise cells and their reference answers, swapped in wherever a lesson must run to the end.
 
 A cell the learner writes is tagged ``# %% tags=["exercise"] solution="NAME.py"``, and
-``solutions/NAME.py`` (next to ``notebooks/``) holds the reference answer. The test run (the root
+``amp_tutorial/exercises/solutions/NAME.py`` holds the reference answer. The test run (the root
 ``conftest.py``, under nbval) and the handout (``course_tools.handout``) both execute the lessons
 with the answers in place; the learner's copy keeps the stub.
 """

@@ -57,6 +57,7 @@ from nbconvert import HTMLExporter
 from nbformat import NotebookNode
 from tqdm.auto import tqdm
 
+from amp_tutorial.exercises.solutions import FOLDER as SOLUTIONS
 from amp_tutorial.presets import PRESET_ENV, VALID_NAMES, get_preset
 from course_tools.answers import is_exercise, use_solutions
 from course_tools.catalogue import (
@@ -86,7 +87,7 @@ PAGE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
 """
 EXERCISE_NOTE = (
-    "> **Handout:** this page was run with the reference answer (`solutions/{solution}`) in "
+    "> **Handout:** this page was run with the reference answer (`amp_tutorial/exercises/solutions/{solution}`) in "
     "place of the cell above, so the cells below show what a correct answer gives. The checker "
     "cell's output is left out: it would give the answer away.")
 
@@ -139,7 +140,7 @@ def read_with_answers(lesson: Lesson) -> tuple[NotebookNode, dict[int, str]]:
     """The lesson as a notebook with the reference answers in its exercise cells, and the
     learner's sources of those cells (``course_tools.answers``)."""
     notebook = jupytext.read(lesson.path)
-    return notebook, use_solutions(notebook, lesson.path.parent.parent / "solutions")
+    return notebook, use_solutions(notebook, SOLUTIONS)
 
 
 # Run after an interrupted cell: drops the traceback IPython keeps (its frames would keep the

@@ -5,7 +5,7 @@ The lent GPU machine has torch but no jupytext, nbformat, nbclient, ipykernel or
 reaches no registry, so ``course_tools.gpu_check`` runs each lesson through this module instead of
 nbval or the handout. The lesson's py:percent text is split into cells here (a line starting
 ``# %%`` opens a cell; ``[markdown]`` and ``[raw]`` cells are skipped), each exercise cell's source
-is replaced by its reference answer from ``solutions/`` (as ``course_tools.answers`` does), and the
+is replaced by its reference answer (``amp_tutorial.exercises.solutions``) (as ``course_tools.answers`` does), and the
 code cells are executed in order in one namespace, as a kernel would. ``IPython.display`` is
 replaced by a stand-in that prints (``display``, ``Markdown``, ``HTML``), so the run is the same
 with or without IPython installed; matplotlib draws on Agg and progress bars are off.
@@ -33,6 +33,8 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from amp_tutorial.exercises.solutions import FOLDER as SOLUTIONS
 
 CELL_MARKER = re.compile(r"^# %%(.*)$")
 CELL_KIND = re.compile(r"^\s*\[(\w+)\]")  # `# %% [markdown]`
@@ -70,8 +72,8 @@ def _options(text: str) -> dict[str, Any]:
 
 def read_cells(path: Path, solutions: Path | None = None) -> list[Cell]:
     """The code cells of the py:percent lesson at ``path``, exercise cells holding the reference
-    answer from ``solutions`` (default: ``solutions/`` beside the lessons' folder)."""
-    solutions = solutions or path.resolve().parent.parent / "solutions"
+    answer from ``solutions`` (default: the course's, ``amp_tutorial.exercises.solutions``)."""
+    solutions = solutions or SOLUTIONS
     lines = path.read_text(encoding="utf-8").splitlines()
     if lines and lines[0].strip() == "# ---":  # the jupytext header, up to its closing `# ---`
         try:
@@ -273,10 +275,11 @@ def _close_figures() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m course_tools.lesson_exec LESSON.py RESULT.json", file=sys.stderr)
+    if len(args) not in (2, 3):
+        print("usage: python -m course_tools.lesson_exec LESSON.py RESULT.json [SOLUTIONS/]",
+              file=sys.stderr)
         return 2
-    result = run_lesson(Path(args[0]), Path(args[1]))
+    result = run_lesson(Path(args[0]), Path(args[1]), Path(args[2]) if len(args) == 3 else None)
     return 0 if result["first_error"] is None else 1
 
 

@@ -23,7 +23,7 @@ from playwright.sync_api import Browser, Page
 from course_tools.answers import is_exercise
 from course_tools.catalogue import find_lessons, format_hours, lesson_paths, select_lessons
 from course_tools.handout import LessonRun, format_seconds, index_html, main, render_handout
-from tests.support import NOTEBOOKS
+from tests.support import NOTEBOOKS, SOLUTIONS
 from tests.support.notebook_page import FIGURE_CELL, UI_TIMEOUT_MS, Cell, read_cells
 
 pytestmark = pytest.mark.browser
@@ -182,7 +182,7 @@ def check_exercises(page: Page, path: Path, cells: list[Cell]) -> None:
         if not is_exercise(cell):
             continue
         assert inputs[i].split() == cell.source.split(), f"{path.name}: {cells[i]} is not the stub"
-        answer = (path.parent.parent / "solutions" / cell.metadata["solution"]).read_text()
+        answer = (SOLUTIONS / cell.metadata["solution"]).read_text()
         assert answer.split() != cell.source.split()
         assert not cells[i].text, f"{path.name}: {cells[i]} shows an output"
         assert not cells[i + 1].text, f"{path.name}: the checker {cells[i + 1]} shows its output"

@@ -30,7 +30,7 @@ from urllib.parse import urlparse
 import pytest
 import requests
 
-from tests.support import ROOT, load_program, runnable_lesson
+from tests.support import ROOT, SOLUTIONS, load_program, runnable_lesson
 from tests.support.docker_env import (
     LAYOUTS,
     clean_env,
@@ -463,7 +463,7 @@ def checked(workshop: Class) -> dict[str, dict[str, Any]]:
     hub = workshop.hub
     for learner in ("ada", "bob"):
         hub.start_server(learner, workshop.tokens[learner])
-    solution = (ROOT / "solutions/autocast_settings.py").read_text()
+    solution = (SOLUTIONS / "autocast_settings.py").read_text()
     return {"ada": check_exercise(hub, "ada", solution),
             "bob": check_exercise(hub, "bob", WRONG_ANSWER)}
 

@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
-SOLUTIONS = ROOT / "solutions"
+SOLUTIONS = ROOT / "src" / "amp_tutorial" / "exercises" / "solutions"
 SCRIPTS = ROOT / "scripts"
 IN_CI = os.environ.get("CI") == "true"
 

@@ -59,7 +59,7 @@ def course(tmp_path: Path) -> Path:
 
 
 def test_read_cells_skips_the_header_and_markdown_and_swaps_in_answers(course: Path) -> None:
-    cells = read_cells(course)
+    cells = read_cells(course, course.parent.parent / "solutions")
     assert [c.number for c in cells] == [1, 2, 3, 4, 5, 6]
     assert cells[0].first_line == "from IPython.display import Markdown, display"
     assert cells[1].source.startswith("def answer():") and cells[1].solution == "answer.py"
@@ -70,14 +70,14 @@ def test_read_cells_skips_the_header_and_markdown_and_swaps_in_answers(course: P
 def test_an_exercise_without_its_answer_file_is_named(course: Path) -> None:
     (course.parent.parent / "solutions" / "answer.py").unlink()
     with pytest.raises(LessonFormatError, match="answer.py"):
-        read_cells(course)
+        read_cells(course, course.parent.parent / "solutions")
 
 
 def test_every_cell_runs_in_one_namespace_and_the_first_error_is_the_verdict(
         course: Path, tmp_path: Path) -> None:
     result_path = tmp_path / "result.json"
     done = subprocess.run([sys.executable, "-m", "course_tools.lesson_exec", str(course),
-                           str(result_path)], cwd=course.parent, capture_output=True, text=True,
+                           str(result_path), str(course.parent.parent / "solutions")], cwd=course.parent, capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")},
                           timeout=300, check=False)
     result = json.loads(result_path.read_text())
