@@ -8,8 +8,25 @@ it was), and puts the course's instruments behind one call: the dtype trace of
 ``measure.saved_activation_bytes`` and ``StepTimer``, and ``ceiling.matmul_ceiling``. Nothing of
 the model leaves the process: this module sends nothing to the class service.
 
+Any model and batch go in; ``batch_loss`` is the one rule for turning them into the loss:
+
+- ``batch`` a dict: ``model(**batch)`` (Hugging Face's ``input_ids``, ``attention_mask``,
+  ``labels``); a tuple or list: ``(inputs..., targets)`` with a ``loss_fn``, ``model(*inputs)``
+  and ``loss_fn(output, targets)``, else ``model(*batch)``; anything else: ``model(batch)``.
+- the loss: ``loss_fn(output, targets)`` (a dict or a single tensor batch is the targets)
+  where one is given, with the output as the model returned it (a tensor, a named tuple, a
+  dict); else the output's own: ``output.loss`` (a ``ModelOutput``), ``output["loss"]``, the
+  first item of a tuple when it is a 0-dim tensor, or the output itself when it is 0-dim.
+- or ``step(model, batch) -> loss``, your own forward and loss, for anything else.
+
+Integer tensors (token ids) are never cast; ``batch_to(batch, device)`` moves a nested batch.
+What cannot be checked (a forward that raises under autocast, a batch past the memory there is,
+an output with no loss and no ``loss_fn``) is one plain line: ``amp_checkup`` raises
+``CheckupError`` with it, and ``checkup(...)`` returns it as a ``NotChecked`` report instead.
+
 Command line: ``python -m amp_tutorial.checkup my_module:make`` where ``make()`` returns
-``(model, (inputs, targets), loss_fn)``; ``--json`` prints the report as JSON.
+``(model, batch, loss_fn)``, ``(model, batch)`` or a dict of ``amp_checkup``'s arguments;
+``--json`` prints the report as JSON.
 """
 
 from __future__ import annotations
@@ -22,8 +39,8 @@ import math
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 
 import torch
 from torch import nn
@@ -55,12 +72,188 @@ CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "matmul",
                       "linear"})
 MODEL = "(model)"  # the model's own forward, outside its submodules
-Batch = tuple[torch.Tensor, torch.Tensor]
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+OUTSIDE = ("(loss)", "(step)", "(backward)")  # op labels outside the model's forward
+Batch = object  # a tensor, or tuples, lists and dicts of them (and of other values)
+LossFn = Callable[[object, object], torch.Tensor]  # loss_fn(output, targets)
+StepFn = Callable[[nn.Module, object], torch.Tensor]  # step(model, batch) -> loss
 
 
 class CheckupError(ValueError):
     """The check-up cannot run on this input; the message says why in one plain line."""
+
+
+@dataclass(frozen=True)
+class NotChecked:
+    """What ``checkup`` returns where the check-up cannot run: one plain line saying what
+    happened and what to try (``line``), and the error's type (``error``), never a traceback."""
+
+    line: str
+    error: str  # e.g. "RuntimeError", or "CheckupError" for input the check-up refused
+
+    agrees = False  # nothing was compared
+
+    def text(self) -> str:
+        return f"not checked: {self.line}"
+
+    def as_dict(self) -> dict[str, object]:
+        return {"not_checked": self.line, "error": self.error}
+
+    def __str__(self) -> str:
+        return self.text()
+
+
+def batch_to(batch: Batch, device: torch.device | str, dtype: torch.dtype | None = None
+             ) -> Batch:
+    """``batch`` with every tensor in it moved to ``device`` and, if ``dtype`` is given, every
+    floating tensor cast to it; integer tensors (token ids, class labels) keep their dtype.
+    Tuples (named ones too), lists and dicts are rebuilt; other values are kept as they are."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, dtype if dtype is not None and batch.is_floating_point()
+                        else batch.dtype)
+    if isinstance(batch, Mapping):
+        items = {k: batch_to(v, device, dtype) for k, v in batch.items()}
+        try:
+            return type(batch)(items)
+        except TypeError:  # a Mapping that cannot be built from a dict
+            return items
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+        return type(batch)(*(batch_to(v, device, dtype) for v in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(batch_to(v, device, dtype) for v in batch)
+    return batch
+
+
+def _split(batch: Batch, loss_fn: LossFn | None
+           ) -> tuple[tuple[object, ...], dict[str, object], object]:
+    """How the model is called on ``batch`` and what ``loss_fn`` gets as targets: the rule of
+    the module docstring, as ``(args, kwargs, targets)``."""
+    if isinstance(batch, Mapping):
+        return (), dict(batch), batch
+    if isinstance(batch, (tuple, list)):
+        if loss_fn is None:
+            return tuple(batch), {}, None
+        if len(batch) < 2:
+            raise CheckupError(f"a {type(batch).__name__} batch with a loss_fn is (inputs..., "
+                               f"targets), and this one has {len(batch)} item(s): pass "
+                               "(inputs, targets), or a dict for keyword arguments")
+        return tuple(batch[:-1]), {}, batch[-1]
+    return (batch,), {}, batch
+
+
+def _tensors_in(value: object) -> list[torch.Tensor]:
+    """Every tensor in a nested value: tensors, tuples (named ones too), lists, dicts (a
+    ``ModelOutput`` is one) and dataclasses."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    elif is_dataclass(value) and not isinstance(value, type):
+        value = [getattr(value, f.name) for f in fields(value)]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors_in(v)]
+    return []
+
+
+def _paths(value: object, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for every tensor of a batch: ``input_ids``, ``[0]``, ``[1][label]``."""
+    if isinstance(value, torch.Tensor):
+        return [(prefix or "batch", value)]
+    if isinstance(value, Mapping):
+        return [p for k, v in value.items() for p in _paths(v, f"{prefix}[{k!r}]" if prefix
+                                                             else str(k))]
+    if isinstance(value, (tuple, list)):
+        return [p for i, v in enumerate(value) for p in _paths(v, f"{prefix}[{i}]")]
+    return []
+
+
+def output_loss(output: object) -> torch.Tensor | None:
+    """The loss a model's output carries, or None: ``output.loss`` (a Hugging Face
+    ``ModelOutput``, a dataclass), ``output["loss"]``, the first item of a tuple when it is a
+    0-dim tensor (``return_dict=False``), or the output itself when it is a 0-dim tensor."""
+    if isinstance(output, torch.Tensor):
+        return output if output.dim() == 0 else None
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return loss
+    if (isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor)
+            and output[0].dim() == 0):
+        return output[0]
+    return None
+
+
+def _describe(output: object) -> str:
+    """``a dict (keys: logits)``, ``a GoogLeNetOutputs (fields: logits, aux1)``, ``a Tensor``."""
+    names = (list(output.keys()) if isinstance(output, Mapping) else
+             list(output._fields) if hasattr(output, "_fields") else
+             [f.name for f in fields(output)] if is_dataclass(output) else [])
+    kind, name = "keys" if isinstance(output, Mapping) else "fields", type(output).__name__
+    listed = f" ({kind}: {', '.join(map(str, names))})" if names else ""
+    return ("an " if name[0] in "AEIOUaeiou" else "a ") + name + listed
+
+
+def _no_loss(output: object) -> CheckupError:
+    return CheckupError(
+        f"the model returned {_describe(output)} with no loss in it, and no loss_fn was given: "
+        "pass loss_fn=(output, targets) -> loss with the batch as (inputs, targets), or "
+        "step=(model, batch) -> loss; a model that computes its own loss (Hugging Face's) needs "
+        "its labels in the batch (e.g. labels=input_ids)")
+
+
+def batch_loss(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *,
+               step: StepFn | None = None) -> torch.Tensor:
+    """The loss of ``model`` on ``batch``, by the rule of the module docstring: ``step(model,
+    batch)`` if given, else the model called on the batch and ``loss_fn(output, targets)``, or
+    the loss the output carries (``output_loss``). Raises CheckupError where there is none."""
+    if step is not None:
+        return step(model, batch)
+    args, kwargs, targets = _split(batch, loss_fn)
+    output = model(*args, **kwargs)
+    if loss_fn is not None:
+        return loss_fn(output, targets)
+    loss = output_loss(output)
+    if loss is None:
+        raise _no_loss(output)
+    return loss
+
+
+def _flat(output: object) -> torch.Tensor:
+    """Every floating tensor of a model's output (a ``ModelOutput``'s loss and logits, a named
+    tuple's main and auxiliary outputs) as one fp32 vector, to compare fp32's with AMP's."""
+    flat = [t.detach().float().flatten() for t in _tensors_in(output) if t.is_floating_point()]
+    return torch.cat(flat) if flat else torch.zeros(0)
+
+
+def _output_of(model: nn.Module, run: Callable[[], object]) -> torch.Tensor:
+    """``_flat`` of what the model's forward returned (its last call) while ``run()`` ran: the
+    output of a ``step(model, batch)``. A step whose loss wants train-mode outputs may raise in
+    eval mode after the model returned (GoogLeNet's auxiliary outputs): the output is kept."""
+    seen: list[object] = []
+    handle = model.register_forward_hook(lambda _m, _a, out: seen.append(out))
+    try:
+        run()
+    except Exception:
+        if not seen:
+            raise
+    finally:
+        handle.remove()
+    if not seen:
+        raise CheckupError("step(model, batch) never called the model: call model(...) in it")
+    return _flat(seen[-1])
+
+
+def checkup(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *,
+            step: StepFn | None = None, **options: object) -> Checkup | NotChecked:
+    """``amp_checkup`` for a notebook or a script: the report, or, where the check-up cannot
+    run, a ``NotChecked`` whose one line says what happened and what to try (no traceback).
+    ``options`` are ``amp_checkup``'s (``dtype``, ``steps``, ``ceiling``, ...)."""
+    device = _device_of(model) if isinstance(model, nn.Module) else torch.device("cpu")
+    try:
+        return amp_checkup(model, batch, loss_fn, step=step, **options)
+    except CheckupError as err:
+        # the line only: the error's traceback (and the tensors its frames hold) is let go here
+        result = NotChecked(str(err), type(err.__cause__ or err).__name__)
+    free_memory(device)
+    return result
 
 
 @dataclass(frozen=True)
@@ -128,7 +321,7 @@ class Checkup:
     def ran_low(self, module: str) -> bool:
         """Whether any op of ``module`` (or of a module inside it) ran in the AMP dtype; a
         module kept in fp32 (``autocast(enabled=False)``, ``custom_fwd``) ran none."""
-        inside = (lambda w: w not in ("(loss)", "(backward)")) if module == MODEL else (
+        inside = (lambda w: w not in OUTSIDE) if module == MODEL else (
             lambda w: w == module or w.startswith(module + "."))
         return any(inside(op.where) and _op_kind(op, self.amp_dtype) == "low"
                    for op in self.ops)
@@ -321,18 +514,28 @@ def bytes_needed(model: nn.Module) -> int:
     return 5 * params + 2 * buffers
 
 
-def _check_inputs(model: nn.Module, batch: object, device: torch.device,
-                  free_bytes: int | None) -> Batch:
+def _check_inputs(model: nn.Module, batch: Batch, loss_fn: LossFn | None,
+                  step: StepFn | None, device: torch.device, free_bytes: int | None) -> None:
     if not isinstance(model, nn.Module):
         raise CheckupError(f"the model is a {type(model).__name__}, not a torch.nn.Module")
-    if (not isinstance(batch, (tuple, list)) or len(batch) != 2
-            or not all(isinstance(t, torch.Tensor) for t in batch)):
-        raise CheckupError("the batch must be a pair of tensors (inputs, targets), as "
-                           "loss_fn(model(inputs), targets) takes them")
-    for name, tensor in zip(("inputs", "targets"), batch, strict=True):
+    if loss_fn is not None and step is not None:
+        raise CheckupError("pass a loss_fn(output, targets) or a step(model, batch), not both: "
+                           "the step computes the loss itself")
+    for name, fn in (("loss_fn", loss_fn), ("step", step)):
+        if fn is not None and not callable(fn):
+            raise CheckupError(f"{name} must be a function, got a {type(fn).__name__}")
+    if step is None and loss_fn is not None and isinstance(batch, (tuple, list)):
+        *inputs, targets = batch  # (inputs..., targets): named as loss_fn(model(inputs), targets)
+        named = [p for i, v in enumerate(inputs)
+                 for p in _paths(v, "inputs" if len(inputs) == 1 else f"inputs[{i}]")]
+        named += _paths(targets, "targets")
+    else:
+        named = _paths(batch)
+    for name, tensor in named:
         if tensor.device != device:
             raise CheckupError(f"the batch's {name} are on {tensor.device} but the model is on "
-                               f"{device}: move them with .to({str(device)!r})")
+                               f"{device}: move them with .to({str(device)!r}) (batch_to(batch, "
+                               f"{str(device)!r}) from amp_tutorial.checkup moves a whole batch)")
     need = bytes_needed(model)
     free = free_bytes_on(device) if free_bytes is None else free_bytes
     if free is not None and need > free:
@@ -340,52 +543,132 @@ def _check_inputs(model: nn.Module, batch: object, device: torch.device,
                            f"{need / 2**30:.2f} GiB (weights, gradients, two optimizer states "
                            f"and a copy of the weights) and {free / 2**30:.2f} GiB is free; run "
                            "it on a bigger device or on a smaller configuration of the model")
-    return batch[0], batch[1]
 
 
 def _too_big(err: BaseException) -> bool:
+    """An allocation failed: ``torch.OutOfMemoryError`` on a GPU, the CPU allocator's
+    RuntimeError ("DefaultCPUAllocator: can't allocate memory") on the host."""
     oom = getattr(torch, "OutOfMemoryError", None)
-    return (oom is not None and isinstance(err, oom)) or "out of memory" in str(err).lower()
+    text = str(err).lower()
+    return ((oom is not None and isinstance(err, oom)) or "out of memory" in text
+            or "can't allocate memory" in text)
 
 
-def _first_forward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
-                   loss_fn: LossFn, device: torch.device) -> None:
-    """The fp32 forward and loss once, turning each way it can fail into one plain line."""
+def _first_line(err: BaseException) -> str:
+    """The error's first line, its full stop dropped (the line goes on after it)."""
+    return str(err).strip().splitlines()[0].rstrip(".") if str(err).strip() else ""
+
+
+def _out_of_memory(device: torch.device, where: str, err: BaseException) -> CheckupError:
+    return CheckupError(f"out of memory on {device} {where} ({type(err).__name__}: "
+                        f"{_first_line(err)}): check a smaller batch (a few samples show the "
+                        "ranges and dtypes), or run it on a device with more memory")
+
+
+def _first_forward(model: nn.Module, batch: Batch, loss_fn: LossFn | None, step: StepFn | None,
+                   device: torch.device) -> None:
+    """The fp32 forward and loss once, in training mode, turning each way it can fail into one
+    plain line."""
+    who = "your step(model, batch)" if step is not None else "the model"
+    args, kwargs, targets = _split(batch, loss_fn) if step is None else ((batch,), {}, None)
+    model.train()  # as the check-up trains (GoogLeNet's auxiliary outputs are train-mode only)
     try:
         with torch.no_grad():
-            output = model(inputs)
+            output = step(model, batch) if step is not None else model(*args, **kwargs)
+    except CheckupError:
+        raise
     except Exception as err:  # noqa: BLE001 - any error of the learner's model is the finding
         if _too_big(err):
-            raise CheckupError(f"the model ran out of memory on {device} in one fp32 forward "
-                               "pass: run the check-up on a bigger device or a smaller "
-                               "batch") from err
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        raise CheckupError(f"the model raised {type(err).__name__} in an fp32 forward pass on "
-                           f"this batch, before any AMP: {first}") from err
-    if not isinstance(output, torch.Tensor):
-        raise CheckupError(f"the model returned a {type(output).__name__}, not a tensor: wrap "
-                           "it so that forward returns the one tensor loss_fn takes (e.g. "
-                           "out['logits'])")
-    with torch.no_grad():
-        loss = loss_fn(output, targets)
+            raise _out_of_memory(device, "in one fp32 forward pass, before any AMP",
+                                 err) from err
+        hint = ("; called as model(*batch) as no loss_fn was given: pass loss_fn=(output, "
+                "targets) -> loss for a batch of (inputs, targets)"
+                if isinstance(err, TypeError) and step is None and loss_fn is None
+                and isinstance(batch, (tuple, list)) else "")
+        raise CheckupError(f"{who} raised {type(err).__name__} in an fp32 forward pass on this "
+                           f"batch, before any AMP: {_first_line(err)}{hint}") from err
+    if step is not None:
+        loss, made_by = output, "step"
+    elif loss_fn is not None:
+        made_by = "loss_fn"
+        try:
+            with torch.no_grad():
+                loss = loss_fn(output, targets)
+        except Exception as err:  # noqa: BLE001 - the learner's loss function on this output
+            if isinstance(output, torch.Tensor):
+                raise CheckupError(f"loss_fn raised {type(err).__name__} on the model's output "
+                                   f"in fp32, before any AMP: {_first_line(err)}") from err
+            part = (f"out[{next(iter(output))!r}]" if isinstance(output, Mapping) and output
+                    else f"out.{output._fields[0]}" if getattr(output, "_fields", None)
+                    else "out[0]")
+            raise CheckupError(
+                f"the model returned a {type(output).__name__}, not a tensor, and loss_fn "
+                f"raised {type(err).__name__} on it: {_first_line(err)}: pass a loss_fn that "
+                f"takes {_describe(output)} (e.g. lambda out, targets: loss({part}, targets)), "
+                "or step=(model, batch) -> loss") from err
+    else:
+        loss, made_by = output_loss(output), "the model's output"
+        if loss is None:
+            raise _no_loss(output)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise CheckupError("loss_fn must return a one-element tensor (the loss), got "
+        raise CheckupError(f"{made_by} must give a one-element tensor (the loss), got "
                            f"{type(loss).__name__}"
                            + (f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
                               else ""))
     if not math.isfinite(float(loss)):
         with torch.no_grad():
-            where = first_nonfinite_module(model, lambda: model(inputs))
-        if not bool(inputs.isfinite().all()) if inputs.is_floating_point() else False:
+            where = first_nonfinite_module(model, lambda: batch_loss(model, batch, loss_fn,
+                                                                     step=step))
+        if any(not bool(t.isfinite().all()) for t in _tensors_in((args, kwargs))
+               if t.is_floating_point()):
             cause = "the inputs hold inf or NaN"
         elif where is not None:
             cause = str(where)
-        elif targets.is_floating_point() and not bool(targets.isfinite().all()):
+        elif any(not bool(t.isfinite().all()) for t in _tensors_in(targets)
+                 if t.is_floating_point()):
             cause = "the targets hold inf or NaN"
         else:
-            cause = "every module's output is finite, so the loss function made it"
+            cause = (f"every module's output is finite, so {made_by} made it"
+                     if made_by != "the model's output" else "the model's own loss made it")
         raise CheckupError(f"the loss is {float(loss)} in fp32, before any AMP ({cause}): fix "
                            "the model or the data in fp32 first")
+
+
+def _first_amp_forward(model: nn.Module, batch: Batch, loss_fn: LossFn | None,
+                       step: StepFn | None, info: DeviceInfo, dtype: torch.dtype) -> None:
+    """One forward and loss under autocast, in training mode with autograd on, as the steps
+    run them: a model that cannot run under autocast here (oneDNN's LSTM under bf16 on a CPU
+    without AVX-512 raises "could not create a primitive descriptor") is one line naming the
+    module that raised and what to try."""
+    model.train()
+    name = dtype_name(dtype)
+    watch = _ModuleWatch(model)
+    try:
+        with watch, torch.autocast(info.type, dtype=dtype):
+            loss = batch_loss(model, batch, loss_fn, step=step)
+    except CheckupError:
+        raise
+    except Exception as err:  # noqa: BLE001 - what autocast cannot run is the finding
+        where = watch.stack[-1] if watch.stack else None  # the innermost module still running
+        if _too_big(err):
+            raise _out_of_memory(info.device, f"in the first forward pass under {name} "
+                                 "autocast", err) from err
+        if where is None or where == MODEL:
+            culprit, fix = "the model's own forward", (
+                f'run the op that raised in fp32 (with torch.autocast("{info.type}", '
+                "enabled=False), its inputs .float())")
+        else:
+            module = dict(watch.modules)[where]
+            culprit = f"{where} ({type(module).__name__})"
+            fix = (f'keep {where} in fp32: with torch.autocast("{info.type}", enabled=False): '
+                   f"h = {_attribute(where)}(h.float())")
+        raise CheckupError(f"{name} autocast cannot run this model on {info.device}: "
+                           f"{culprit} raised {type(err).__name__} under autocast: "
+                           f"{_first_line(err)}: {fix}, then check again") from err
+    if not loss.requires_grad and any(p.requires_grad for p in model.parameters()):
+        raise CheckupError("the loss does not require grad (computed under torch.no_grad, or "
+                           "detached), so no step can train on it: return the loss as computed")
+    del loss
 
 
 def _recommend(info: DeviceInfo, dtype: torch.dtype) -> str:
@@ -432,6 +715,8 @@ class _ModuleWatch:
     def _post(self, name: str) -> Callable[..., None]:
         def hook(_module: nn.Module, _args: object, output: object) -> None:
             self.stack.pop()
+            if isinstance(output, (tuple, list)):  # LSTM (out, (h, c)), attention (out, w)
+                output = next((t for t in output if isinstance(t, torch.Tensor)), None)
             if (self.dtype is not None and isinstance(output, torch.Tensor)
                     and output.is_floating_point()):
                 out = output.detach()
@@ -501,8 +786,8 @@ def _scales(watch: _ModuleWatch, param_grad_max: float = 0.0
     return needed, (FP16_MAX / largest if largest > 0 else None)
 
 
-def _train(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.Tensor,
-           loss_fn: LossFn, dtype: torch.dtype | None, make_optimizer: Callable,
+def _train(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
+           user_step: StepFn | None, dtype: torch.dtype | None, make_optimizer: Callable,
            steps: int, warmup: int, device: torch.device) -> tuple[list[float], StepTimer,
                                                                     int | None, list[bool],
                                                                     float | None]:
@@ -512,8 +797,10 @@ def _train(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch
     model.load_state_dict(initial)
     optimizer = make_optimizer(model.parameters())
     scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
-    step = _amp_train_step(model, optimizer, lambda _: (inputs, targets), loss_fn, device.type,
-                           dtype, scaler)
+    # the course's step (steps._amp_train_step), its forward and loss the batch's own
+    step = _amp_train_step(lambda _: batch_loss(model, batch, loss_fn, step=user_step),
+                           optimizer, lambda _: (None, None), lambda loss, _: loss,
+                           device.type, dtype, scaler)
     free_memory(device)
     reset_peak_memory(device)
     timer = StepTimer(device, warmup=warmup)
@@ -605,22 +892,25 @@ def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advic
     return out
 
 
-def amp_checkup(model: nn.Module, batch: Batch, loss_fn: LossFn, *,
-                dtype: torch.dtype | None = None, steps: int = 6, warmup: int = 1,
-                make_optimizer: Callable | None = None, ceiling: Ceiling | None = None,
-                ceiling_sizes: Sequence[int] = (512,), free_bytes: int | None = None,
-                info: DeviceInfo | None = None) -> Checkup:
-    """Check ``model`` for AMP on ``batch = (inputs, targets)`` with ``loss_fn(output, targets)``.
+def amp_checkup(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *,
+                step: StepFn | None = None, dtype: torch.dtype | None = None, steps: int = 6,
+                warmup: int = 1, make_optimizer: Callable | None = None,
+                ceiling: Ceiling | None = None, ceiling_sizes: Sequence[int] = (512,),
+                free_bytes: int | None = None, info: DeviceInfo | None = None) -> Checkup:
+    """Check ``model`` for AMP on one ``batch``, its loss by ``batch_loss``'s rule: a
+    ``loss_fn(output, targets)`` on ``(inputs, targets)``, the loss the model's output carries
+    (a Hugging Face model given a dict with its labels), or your ``step(model, batch)``.
 
     Runs ``steps`` training steps in fp32 and under autocast in ``dtype`` (default: the device's
     preferred AMP dtype, with a GradScaler for fp16), from the same weights, with
     ``make_optimizer(params)`` (default AdamW, lr 1e-3); the first ``warmup`` are not timed. The
     model's weights, buffers and train/eval mode are restored afterwards. ``ceiling`` reuses a
     measured matmul ceiling (else one is measured at ``ceiling_sizes``); ``free_bytes``
-    overrides the device's free memory. Raises CheckupError with one plain line on bad input.
+    overrides the device's free memory. Raises CheckupError with one plain line where the
+    check-up cannot run (``checkup`` returns that line instead).
     """
     device = _device_of(model) if isinstance(model, nn.Module) else torch.device("cpu")
-    inputs, targets = _check_inputs(model, batch, device, free_bytes)
+    _check_inputs(model, batch, loss_fn, step, device, free_bytes)
     if steps <= warmup:
         raise CheckupError(f"steps ({steps}) must be more than warmup ({warmup})")
     info = info or select_device(str(device))
@@ -631,36 +921,42 @@ def amp_checkup(model: nn.Module, batch: Batch, loss_fn: LossFn, *,
     was_training = model.training
     initial = copy.deepcopy(model.state_dict())
     try:
-        _first_forward(model, inputs, targets, loss_fn, device)
-        return _run(model, initial, inputs, targets, loss_fn, dtype, info, steps, warmup,
+        _first_forward(model, batch, loss_fn, step, device)
+        _first_amp_forward(model, batch, loss_fn, step, info, dtype)
+        return _run(model, initial, batch, loss_fn, step, dtype, info, steps, warmup,
                     make_optimizer, ceiling, ceiling_sizes)
     except CheckupError:
         raise
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - one plain line, the cause chained for a developer
         if _too_big(err):
-            raise CheckupError(f"the model ran out of memory on {device} during the check-up's "
-                               "training steps: run it on a bigger device or a smaller "
-                               "batch") from err
-        raise
+            raise _out_of_memory(device, "during the check-up's training steps", err) from err
+        raise CheckupError(f"the check-up stopped in its {dtype_name(dtype)} training steps on "
+                           f"{device}: {type(err).__name__}: {_first_line(err)}") from err
     finally:
         model.load_state_dict(initial)
         model.zero_grad(set_to_none=True)
         model.train(was_training)
 
 
-def _run(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.Tensor,
-         loss_fn: LossFn, dtype: torch.dtype, info: DeviceInfo, steps: int, warmup: int,
+def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
+         step: StepFn | None, dtype: torch.dtype, info: DeviceInfo, steps: int, warmup: int,
          make_optimizer: Callable, ceiling: Ceiling | None,
          ceiling_sizes: Sequence[int]) -> Checkup:
     device, kind = info.device, info.type
     model.train()  # the check-up trains; the caller's mode comes back in amp_checkup
 
     def forward_loss(amp: bool) -> torch.Tensor:
-        watch.phase = MODEL
+        # ops outside every module: the loss_fn's, or the step's own around the model call
+        watch.phase = "(step)" if step is not None else "(loss)"
         with torch.autocast(kind, dtype=dtype, enabled=amp):
-            output = model(inputs)
-            watch.phase = "(loss)"
-            return loss_fn(output, targets)
+            return batch_loss(model, batch, loss_fn, step=step)
+
+    def output() -> torch.Tensor:
+        """The model's output on the batch as one fp32 vector (every floating tensor in it)."""
+        if step is None:
+            args, kwargs, _ = _split(batch, loss_fn)
+            return _flat(model(*args, **kwargs))
+        return _output_of(model, lambda: step(model, batch))
 
     # ranges: one fp32 forward and backward with every module's output and gradient kept, the
     # bytes saved for backward counted on the way
@@ -693,10 +989,9 @@ def _run(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.T
     model.eval()
     outputs = {}
     with torch.no_grad():
-        outputs["fp32"] = model(inputs).float()
+        outputs["fp32"] = output()
         with torch.autocast(kind, dtype=dtype):
-            bad = first_nonfinite_module(model, lambda: outputs.setdefault(
-                "amp", model(inputs).float()))
+            bad = first_nonfinite_module(model, lambda: outputs.setdefault("amp", output()))
     model.train()
     ref, amp_out = outputs["fp32"], outputs["amp"]
     max_diff = float((amp_out - ref).abs().max())
@@ -709,12 +1004,11 @@ def _run(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.T
     # same random numbers (dropout), the caller's random state kept
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(0)
-        losses32, timer32, peak32, _, _ = _train(model, initial, inputs, targets, loss_fn, None,
-                                           make_optimizer, steps, warmup, device)
+        losses32, timer32, peak32, _, _ = _train(model, initial, batch, loss_fn, step, None,
+                                                 make_optimizer, steps, warmup, device)
         torch.manual_seed(0)
         losses_amp, timer_amp, peak_amp, skipped, final_scale = _train(
-            model, initial, inputs, targets, loss_fn, dtype, make_optimizer, steps, warmup,
-            device)
+            model, initial, batch, loss_fn, step, dtype, make_optimizer, steps, warmup, device)
     # a skipped step leaves the weights as they were: AMP's loss after k applied updates is
     # compared with fp32's after k updates
     applied = [sum(not s for s in skipped[:i]) for i in range(len(skipped))]
@@ -747,10 +1041,12 @@ def _run(model: nn.Module, initial: dict, inputs: torch.Tensor, targets: torch.T
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m amp_tutorial.checkup module:function``: the check-up of what ``function()``
-    returns, ``(model, (inputs, targets), loss_fn)``, as text or ``--json``."""
+    returns, ``(model, batch, loss_fn)``, ``(model, batch)`` or a dict of ``amp_checkup``'s
+    arguments (``{"model": ..., "batch": ..., "step": ...}``), as text or ``--json``."""
     parser = argparse.ArgumentParser(prog="python -m amp_tutorial.checkup",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("target", help="module:function returning (model, batch, loss_fn)")
+    parser.add_argument("target", help="module:function returning (model, batch, loss_fn), "
+                        "(model, batch) or a dict of amp_checkup's arguments")
     parser.add_argument("--dtype", choices=("bf16", "fp16"), help="default: the device's")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -765,10 +1061,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ImportError, AttributeError) as err:
             raise CheckupError(f"cannot load {args.target}: {err}") from err
         made = make()
-        if not isinstance(made, (tuple, list)) or len(made) != 3:
-            raise CheckupError(f"{args.target} must return (model, (inputs, targets), loss_fn)")
+        if isinstance(made, Mapping):
+            made_args, made_options = (), dict(made)
+        elif isinstance(made, (tuple, list)) and len(made) in (2, 3):
+            made_args, made_options = tuple(made), {}
+        else:
+            raise CheckupError(f"{args.target} must return (model, batch, loss_fn), (model, "
+                               "batch) or a dict of amp_checkup's arguments")
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}[args.dtype]
-        report = amp_checkup(*made, dtype=dtype, steps=args.steps)
+        try:
+            report = amp_checkup(*made_args, **{"dtype": dtype, "steps": args.steps,
+                                                **made_options})
+        except TypeError as err:  # a dict with a key amp_checkup does not take
+            raise CheckupError(f"{args.target} returned what amp_checkup does not take: "
+                               f"{err}") from err
     except CheckupError as err:
         print(f"amp check-up: {err}", file=sys.stderr)
         return 2

@@ -2,11 +2,13 @@
 fix, leaves the model as it was, sends nothing anywhere, and answers bad input in one line."""
 
 import ast
+import copy
 import dataclasses
 import json
 import math
 import os
 import socket
+from collections import namedtuple
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,18 @@ from torch import nn
 import amp_tutorial.checkup as checkup_module
 from amp_tutorial.autocast_policy import OpTrace
 from amp_tutorial.ceiling import Ceiling, MatmulRate
-from amp_tutorial.checkup import CheckupError, _advice, amp_checkup, main
+from amp_tutorial.checkup import (
+    MODEL,
+    Checkup,
+    CheckupError,
+    NotChecked,
+    _advice,
+    amp_checkup,
+    batch_to,
+    checkup,
+    main,
+    output_loss,
+)
 from amp_tutorial.device import dtype_name, has_fp32_precision_api, select_device, tf32_state
 from amp_tutorial.measure import Timing
 from tests.unit.test_device import pretend_ampere, tf32_settings_kept
@@ -365,3 +378,346 @@ def test_no_speed_verdict_from_noisy_timings(hazard):
     assert not any("keep this model in fp32" in line for line in lines)
     assert any("idle machine" in line for line in lines)
     assert any("keep this model in fp32" in a.line for a in _advice(quiet, info, torch.float16))
+
+
+# --- any model and batch in (issue 43): real modules, batches and outputs of every structure ---
+
+@dataclasses.dataclass
+class LMOutput:
+    """What a Hugging Face causal LM returns (a ``ModelOutput``): the loss it computed from
+    ``labels``, or None without them, and the logits."""
+
+    loss: torch.Tensor | None
+    logits: torch.Tensor
+
+
+class TinyDecoder(nn.Module):
+    """A decoder as Hugging Face's are called: int64 ``input_ids`` through an embedding, a causal
+    self-attention layer, keyword ``attention_mask`` and ``labels``, the loss computed inside."""
+
+    def __init__(self, vocab: int = 16, width: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.layer = nn.TransformerEncoderLayer(width, 2, 32, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        n = input_ids.shape[1]
+        causal = torch.ones(n, n, dtype=torch.bool, device=input_ids.device).triu(1)
+        padding = None if attention_mask is None else attention_mask == 0
+        logits = self.head(self.layer(self.embed(input_ids), src_mask=causal,
+                                      src_key_padding_mask=padding))
+        return LMOutput(None if labels is None else lm_loss(logits, labels), logits)
+
+
+def lm_loss(logits, labels):
+    """Next-token cross-entropy, as Hugging Face's causal LMs compute it from ``labels``."""
+    return nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+
+
+def token_batch(labels=True):
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 16, (8, 12), generator=generator)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    return {**batch, "labels": ids} if labels else batch
+
+
+def fresh(model_class, *args):
+    torch.manual_seed(0)
+    return model_class(*args)
+
+
+def first_loss(model, compute):
+    """The loss at the model's initial weights, computed here without the check-up."""
+    with torch.no_grad():
+        return float(compute(copy.deepcopy(model).train()))
+
+
+@pytest.fixture(scope="module")
+def decoder_report():
+    model, batch = fresh(TinyDecoder), token_batch()
+    expected = first_loss(model, lambda m: m(**batch).loss)
+    return checkup(model, batch, dtype=torch.bfloat16, **OPTIONS), batch, expected
+
+
+def test_a_model_that_computes_its_loss_from_a_keyword_batch_is_checked_as_it_comes(
+        decoder_report):
+    report, batch, expected = decoder_report
+    assert isinstance(report, Checkup), report
+    assert report.losses["fp32"][0] == pytest.approx(expected, rel=1e-6)  # the output's .loss
+    assert batch["input_ids"].dtype == torch.int64  # token ids are never cast
+    rows = {r["module"]: r for r in report.op_rows()}
+    assert "embedding" in rows["embed"]["ran in fp32"]  # the int64 ids reached the embedding
+    assert all("addmm" in rows[m]["ran in bf16"] for m in ("head", "layer.linear1"))
+    assert "nll_loss_forward" in rows[MODEL]["ran in fp32"]  # the loss inside the model's forward
+    assert report.agrees and math.isfinite(report.output_rel_diff)
+
+
+def test_a_loss_fn_on_the_output_and_the_whole_dict_batch_gives_the_same_loss(decoder_report):
+    """Without labels the model's output carries no loss; ``loss_fn(output, batch)`` gets the
+    whole dict, so the same loss comes out as the one the model computes itself."""
+    _, _, expected = decoder_report
+    report = checkup(fresh(TinyDecoder), token_batch(labels=False),
+                     lambda out, batch: lm_loss(out.logits, batch["input_ids"]),
+                     dtype=torch.bfloat16, **OPTIONS)
+    assert isinstance(report, Checkup), report
+    assert report.losses["fp32"][0] == pytest.approx(expected, rel=1e-6)
+    assert any(r["module"] == "(loss)" and "nll_loss_forward" in r["ran in fp32"]
+               for r in report.op_rows())  # now outside the model: the loss_fn's row
+
+
+Heads = namedtuple("Heads", ["logits", "aux_logits"])
+
+
+class TwoHeads(nn.Module):
+    """GoogLeNet's train-mode shape: a named tuple of the main and an auxiliary output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 32), nn.ReLU())
+        self.main = nn.Linear(32, 4)
+        self.aux = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return Heads(self.main(self.body(x)), self.aux(x))
+
+
+def two_heads_loss(out, labels):
+    return (nn.functional.cross_entropy(out.logits, labels)
+            + 0.3 * nn.functional.cross_entropy(out.aux_logits, labels))
+
+
+def test_a_named_tuple_output_goes_to_the_loss_fn_as_it_is():
+    model = fresh(TwoHeads)
+    generator = torch.Generator().manual_seed(0)
+    x, labels = torch.randn(32, 8, generator=generator), torch.randint(0, 4, (32,),
+                                                                       generator=generator)
+    expected = first_loss(model, lambda m: two_heads_loss(m(x), labels))
+    report = checkup(model, (x, labels), two_heads_loss, dtype=torch.bfloat16, **OPTIONS)
+    assert isinstance(report, Checkup), report
+    assert report.losses["fp32"][0] == pytest.approx(expected, rel=1e-6)
+    assert report.ran_low("main") and report.ran_low("aux")  # both heads trained under AMP
+    assert any(r.module == MODEL for r in report.ranges)  # the tuple's first tensor is ranged
+
+
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x):
+        out, _weights = self.attn(x, x, x)
+        return self.head(out.mean(1))
+
+
+def test_a_step_function_of_yours_runs_as_the_loss():
+    """``step(model, batch) -> loss``: the check-up calls it for every forward and loss, and
+    ranges and dtypes come out per module, the attention's tuple output included."""
+    model = fresh(Attention)
+    generator = torch.Generator().manual_seed(0)
+    batch = {"x": torch.randn(8, 6, 16, generator=generator),
+             "y": torch.randn(8, 1, generator=generator)}
+    calls = []
+
+    def step(model, batch):
+        calls.append(torch.is_autocast_enabled("cpu"))
+        return nn.functional.mse_loss(model(batch["x"]), batch["y"])
+
+    expected = first_loss(model, lambda m: nn.functional.mse_loss(m(batch["x"]), batch["y"]))
+    report = checkup(model, batch, step=step, dtype=torch.bfloat16, **OPTIONS)
+    assert isinstance(report, Checkup), report
+    assert report.losses["fp32"][0] == pytest.approx(expected, rel=1e-6)
+    assert True in calls and False in calls  # run in fp32 and under autocast
+    assert any(r.module == "attn" and r.type == "MultiheadAttention" for r in report.ranges)
+    assert report.ran_low("attn") and report.agrees
+
+
+class Recurrent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(8, 16, batch_first=True)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x):
+        out, _state = self.lstm(x)
+        return self.head(out[:, -1])
+
+
+class RecurrentFixed(Recurrent):
+    """The check-up's advice followed: the LSTM in an fp32 region."""
+
+    def forward(self, x):
+        with torch.autocast(x.device.type, enabled=False):
+            out, _state = self.lstm(x.float())
+        return self.head(out[:, -1])
+
+
+def sequence_batch():
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(16, 5, 8, generator=generator), torch.randn(16, 1, generator=generator)
+
+
+def autocast_error(module, x):
+    """What ``module(x)`` raises under bf16 autocast here, training as the check-up does."""
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            module(x)
+    except RuntimeError as err:
+        return str(err).splitlines()[0].rstrip(".")
+    return None
+
+
+def test_an_lstm_that_bf16_autocast_cannot_run_here_is_one_plain_line():
+    """oneDNN's LSTM has no bf16 primitive on a CPU without AVX-512 (the Zen 3): "could not create
+    a primitive descriptor". Where it raises, the answer is a line naming the LSTM, and following
+    it (the LSTM in fp32) checks; where bf16 LSTMs run, the check-up runs on it."""
+    x, y = sequence_batch()
+    error = autocast_error(fresh(Recurrent).lstm, x)
+    report = checkup(fresh(Recurrent), (x, y), nn.functional.mse_loss, dtype=torch.bfloat16,
+                     **OPTIONS)  # no exception escapes
+    if error is None:
+        assert isinstance(report, Checkup) and report.ran_low("lstm")
+        return
+    assert isinstance(report, NotChecked) and report.error == "RuntimeError"
+    assert report.line.startswith("bf16 autocast cannot run this model on cpu: lstm (LSTM) "
+                                  f"raised RuntimeError under autocast: {error}: keep lstm in "
+                                  'fp32: with torch.autocast("cpu", enabled=False)')
+    assert "\n" not in report.line and report.text().startswith("not checked: ")
+    with pytest.raises(CheckupError, match="cannot run this model"):
+        amp_checkup(fresh(Recurrent), (x, y), nn.functional.mse_loss, dtype=torch.bfloat16,
+                    **OPTIONS)
+    fixed = checkup(fresh(RecurrentFixed), (x, y), nn.functional.mse_loss,
+                    dtype=torch.bfloat16, **OPTIONS)
+    assert isinstance(fixed, Checkup) and not fixed.ran_low("lstm") and fixed.ran_low("head")
+
+
+class ScatterSum(nn.Module):
+    def forward(self, messages, index):
+        total = torch.zeros(4, messages.shape[1], device=messages.device)  # fp32, always
+        return total.index_add_(0, index, messages)
+
+
+class Graph(nn.Module):
+    """Message passing into a buffer made in fp32: under autocast the messages are bf16, and
+    ``index_add_`` refuses to mix them, on every device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.message = nn.Linear(8, 8)
+        self.aggregate = ScatterSum()
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x, index):
+        return self.head(self.aggregate(self.message(x), index))
+
+
+def test_a_forward_that_raises_under_autocast_names_the_module_that_raised():
+    generator = torch.Generator().manual_seed(0)
+    batch = (torch.randn(16, 8, generator=generator), torch.randint(0, 4, (16,),
+                                                                    generator=generator),
+             torch.randn(4, 1, generator=generator))  # (inputs..., targets): model(x, index)
+    report = checkup(fresh(Graph), batch, nn.functional.mse_loss, dtype=torch.bfloat16,
+                     **OPTIONS)
+    assert isinstance(report, NotChecked)
+    assert report.line.startswith("bf16 autocast cannot run this model on cpu: aggregate "
+                                  "(ScatterSum) raised RuntimeError under autocast: index_add_()")
+    assert "keep aggregate in fp32" in report.line and "\n" not in report.line
+
+
+class Pairwise(nn.Module):
+    """Attention over the whole sequence: L x L scores, 2^46 of them for L = 2^23 (256 TiB,
+    past any machine's address space, so the allocation fails at once on every machine)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k = nn.Linear(1, 1), nn.Linear(1, 1)
+
+    def forward(self, x):
+        return (self.q(x) @ self.k(x).transpose(-1, -2)).mean((-1, -2))
+
+
+def test_a_batch_past_the_memory_there_is_is_one_plain_line():
+    report = checkup(fresh(Pairwise), (torch.zeros(1, 2**23, 1), torch.zeros(1)),
+                     nn.functional.mse_loss, **OPTIONS)
+    assert isinstance(report, NotChecked) and report.error == "RuntimeError"
+    assert report.line.startswith("out of memory on cpu in one fp32 forward pass, before any "
+                                  "AMP (RuntimeError: ")
+    assert "can't allocate memory" in report.line and "check a smaller batch" in report.line
+    assert "\n" not in report.line
+
+
+@pytest.mark.parametrize(("model", "batch", "error", "words"), [
+    (Recurrent(), sequence_batch()[0], "CheckupError", (
+        "the model returned a Tensor with no loss in it, and no loss_fn was given: pass "
+        "loss_fn=(output, targets) -> loss", "step=(model, batch) -> loss")),
+    (TinyDecoder(), token_batch(labels=False), "CheckupError", (
+        "the model returned a LMOutput (fields: loss, logits) with no loss in it",
+        "needs its labels in the batch (e.g. labels=input_ids)")),
+    (Recurrent(), sequence_batch(), "TypeError", (  # (inputs, targets), the loss_fn forgotten
+        "the model raised TypeError in an fp32 forward pass", "called as model(*batch) as no "
+        "loss_fn was given: pass loss_fn=(output, targets) -> loss")),
+], ids=["tensor", "no-labels", "pair"])
+def test_an_output_with_no_loss_and_no_loss_fn_says_what_to_pass(model, batch, error, words):
+    report = checkup(model, batch, **OPTIONS)
+    assert isinstance(report, NotChecked) and report.error == error
+    assert all(w in report.line for w in words), report.line
+    assert "\n" not in report.line
+
+
+def test_output_loss_finds_the_loss_where_models_put_it():
+    loss, logits = torch.tensor(2.0), torch.randn(4, 3)
+    assert output_loss(LMOutput(loss, logits)) is loss  # ModelOutput.loss
+    assert output_loss({"loss": loss, "logits": logits}) is loss
+    assert output_loss((loss, logits)) is loss  # Hugging Face's return_dict=False
+    assert output_loss(loss) is loss
+    assert output_loss(Heads(torch.randn(1, 1), logits)) is None  # a batch of one is no loss
+    assert output_loss(LMOutput(None, logits)) is None and output_loss(logits) is None
+
+
+def test_batch_to_moves_a_nested_batch_and_casts_only_floating_tensors():
+    batch = {"input_ids": torch.ones(2, 3, dtype=torch.int64),
+             "pair": Heads(torch.ones(2), torch.ones(2, dtype=torch.bool)), "name": "x"}
+    moved = batch_to(batch, "cpu", torch.bfloat16)
+    assert moved["input_ids"].dtype == torch.int64 and moved["pair"].aux_logits.dtype == torch.bool
+    assert moved["pair"].logits.dtype == torch.bfloat16 and isinstance(moved["pair"], Heads)
+    assert moved["name"] == "x" and batch["pair"].logits.dtype == torch.float32  # a new batch
+    with pytest.raises(CheckupError, match=r"the batch's input_ids are on meta but the model is "
+                       r"on cpu: move them with \.to\('cpu'\) \(batch_to\(batch, 'cpu'\)"):
+        amp_checkup(TinyDecoder(), batch_to(token_batch(), "meta"), **OPTIONS)
+
+
+def test_a_loss_fn_and_a_step_together_are_refused():
+    with pytest.raises(CheckupError, match="not both"):
+        amp_checkup(nn.Linear(8, 1), torch.randn(4, 8), nn.functional.mse_loss,
+                    step=lambda model, batch: model(batch).sum(), **OPTIONS)
+
+
+def test_a_hugging_face_gpt2_is_checked_as_it_comes():
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed "
+                                       "(not in the lock; issue 43 item 3 decides)")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64,
+                                     n_positions=32)
+    model = transformers.GPT2LMHeadModel(config)  # built from a config: nothing downloaded
+    ids = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    expected = first_loss(model, lambda m: m(**batch).loss)
+    report = checkup(model, batch, dtype=torch.bfloat16, **OPTIONS)
+    assert isinstance(report, Checkup), report
+    assert report.losses["fp32"][0] == pytest.approx(expected, rel=1e-5)
+    assert report.ran_low("transformer.h.0")
+
+
+def test_a_torchvision_resnet_is_checked_with_its_loss_fn():
+    models = pytest.importorskip("torchvision.models", reason="torchvision is not installed "
+                                 "(not in the lock; issue 43 item 3 decides)")
+    torch.manual_seed(0)
+    model = models.resnet18(weights=None, num_classes=10)  # random weights: nothing downloaded
+    generator = torch.Generator().manual_seed(0)
+    batch = (torch.randn(4, 3, 32, 32, generator=generator),
+             torch.randint(0, 10, (4,), generator=generator))
+    report = checkup(model, batch, nn.functional.cross_entropy, dtype=torch.bfloat16,
+                     **OPTIONS)
+    assert isinstance(report, Checkup), report
+    assert report.ran_low("conv1") and report.ran_low("fc")
