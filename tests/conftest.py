@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 @pytest.fixture(autouse=True)
 def _attempts_workspace(tmp_path_factory: pytest.TempPathFactory,
                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AMP_TUTORIAL_WORKSPACE", str(tmp_path_factory.getbasetemp()))
+    """One per test: a checker shows a mistake's fix when the previous check named it too, so
+    what a test reads must not depend on which tests ran before it."""
+    monkeypatch.setenv("AMP_TUTORIAL_WORKSPACE", str(tmp_path_factory.mktemp("workspace")))
 
 
 # --- The Docker engine and the test base image (tests/support/docker_env.py) ---

@@ -87,9 +87,10 @@ PAGE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
 """
 EXERCISE_NOTE = (
-    "> **Handout:** this page was run with the reference answer (`amp_tutorial/exercises/solutions/{solution}`) in "
-    "place of the cell above, so the cells below show what a correct answer gives. The checker "
-    "cell's output is left out: it would give the answer away.")
+    "> **Handout:** this page was run with the reference answer "
+    "(`amp_tutorial/exercises/solutions/{solution}`) in place of the cell above, so the cells "
+    "below show what a correct answer gives. The checker cell's output is left out: it would "
+    "give the answer away.")
 
 
 @dataclass

@@ -5,10 +5,11 @@ The lent GPU machine has torch but no jupytext, nbformat, nbclient, ipykernel or
 reaches no registry, so ``course_tools.gpu_check`` runs each lesson through this module instead of
 nbval or the handout. The lesson's py:percent text is split into cells here (a line starting
 ``# %%`` opens a cell; ``[markdown]`` and ``[raw]`` cells are skipped), each exercise cell's source
-is replaced by its reference answer (``amp_tutorial.exercises.solutions``) (as ``course_tools.answers`` does), and the
-code cells are executed in order in one namespace, as a kernel would. ``IPython.display`` is
-replaced by a stand-in that prints (``display``, ``Markdown``, ``HTML``), so the run is the same
-with or without IPython installed; matplotlib draws on Agg and progress bars are off.
+is replaced by its reference answer from ``amp_tutorial.exercises.solutions`` (as
+``course_tools.answers`` does), and the code cells are executed in order in one namespace, as a
+kernel would. ``IPython.display`` is replaced by a stand-in that prints (``display``,
+``Markdown``, ``HTML``), so the run is the same with or without IPython installed; matplotlib draws
+on Agg and progress bars are off.
 
 Every code cell runs even after one raises (the first error is the lesson's verdict; a later
 ``NameError`` is usually its echo). After each cell the result file is rewritten, so a run killed

@@ -52,6 +52,15 @@ def checker_tests(check: Callable[[object], CheckResult], mistakes: list[tuple],
     return each_mistake_is_named, every_problem_key_has_a_case, correct_answers_pass
 
 
+def named_twice(check: Callable[[object], CheckResult], answer: object) -> str:
+    """What the learner reads after checking ``answer`` twice: the second time, each mistake
+    named the first time comes with what to write instead (``checking.CheckResult.shown``)."""
+    first = check(answer)
+    second = check(answer)
+    assert first.keys == second.keys
+    return str(second)
+
+
 def answers(mistakes: list[tuple]) -> dict[str, object]:
     """A checker test's wrong answers by case name, for the tests that quote one."""
     return {row[0]: row[1] for row in mistakes}

@@ -38,7 +38,7 @@ CHECKS: dict[str, list[Callable[[Callable], CheckResult]]] = {
 
 
 def test_every_exercise_module_is_checked_here() -> None:
-    modules = {p.stem for p in (SOLUTIONS.parent / "src/amp_tutorial/exercises").glob("*.py")}
+    modules = {p.stem for p in SOLUTIONS.parent.glob("*.py")}
     assert len(modules - {"__init__", "checking", "training_spy"}) == len(CHECKS)
 
 
@@ -102,7 +102,24 @@ GLOBAL_EFFECTS = {
                                      checking.DEFAULT_DTYPE_LEFT_CHANGED),
     "grad mode switched off": (lambda args, at: torch.set_grad_enabled(False),
                                checking.GRAD_MODE_LEFT_CHANGED),
+    "TF32 and medium matmul precision": (lambda args, at: _tf32_and_medium(),
+                                         checking.SETTING_LEFT_CHANGED),
 }
+# the other global settings, each by one checker (the cheapest to run): one rule for all of them
+SETTINGS = {
+    "default device set to meta": lambda: torch.set_default_device("meta"),
+    "SDPA's reduced-precision math flag": (
+        lambda: torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)),
+    "flash attention switched off": lambda: torch.backends.cuda.enable_flash_sdp(False),
+    "anomaly mode left on": lambda: torch.autograd.set_detect_anomaly(True),
+    "deterministic algorithms": lambda: torch.use_deterministic_algorithms(True),
+    "cuDNN benchmark": lambda: setattr(torch.backends.cudnn, "benchmark", True),
+}
+
+
+def _tf32_and_medium() -> None:
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.set_float32_matmul_precision("medium")  # bf16 matmuls on a CPU too (oneDNN)
 MODEL_EFFECTS = {
     "model left in eval mode": (lambda args, at: args[at].eval(), checking.MODEL_MODE_CHANGED),
     "model cast to float16": (lambda args, at: args[at].half(), checking.MODEL_DTYPE_CHANGED),
@@ -152,3 +169,35 @@ def test_every_reference_solution_passes(exercise: str) -> None:
     check, reference, *_ = REFERENCES[exercise]
     result = check(reference)
     assert result.passed, str(result)
+
+
+def _settings_now() -> dict:
+    return checking._read_settings()
+
+
+@pytest.mark.parametrize("what", list(SETTINGS))
+def test_every_global_setting_left_changed_is_named_and_put_back(what: str) -> None:
+    check, reference, *_ = REFERENCES["fp16_step (02)"]
+
+    def leaves_it(*args, **kwargs):
+        value = reference(*args, **kwargs)
+        SETTINGS[what]()
+        return value
+
+    before = _settings_now()
+    result = check(leaves_it)
+    assert result.keys == {checking.SETTING_LEFT_CHANGED}, str(result)
+    assert _settings_now() == before
+
+
+def test_an_autocast_entered_and_never_exited_is_one_mistake() -> None:
+    check, reference, *_ = REFERENCES["fp16_step (02)"]
+
+    def enters(*args, **kwargs):
+        value = reference(*args, **kwargs)
+        torch.autocast("cpu", dtype=torch.bfloat16).__enter__()
+        return value
+
+    result = check(enters)
+    assert result.keys == {checking.AUTOCAST_LEFT_CHANGED}, str(result)
+    assert not torch.is_autocast_enabled("cpu") and _settings_now() == checking._read_settings()

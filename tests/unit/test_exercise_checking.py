@@ -4,6 +4,7 @@ problems, the return-type check, and one report merged over the scenarios."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -36,7 +37,39 @@ def test_an_endless_loop_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
     run = attempt(endless)
     assert run.timed_out and 0.2 <= run.seconds < 2
     problem = error_problem(run, "endless")
-    assert problem.key == checking.TIMED_OUT and "for epoch in range" in problem.message
+    assert problem.key == checking.TIMED_OUT and "fixed number of times" in problem.message
+
+
+def test_the_runs_of_one_check_share_one_time_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checking, "CHECK_BUDGET_S", 0.3)
+    exercise = checking.Exercise("00", "slow", "fine", loops="the loop over the devices")
+
+    @exercise.checker
+    def check(fn) -> checking.CheckResult:
+        runs = [attempt(fn) for _ in range(8)]  # eight simulated devices, say
+        return exercise.report([(f"device {i}", [p] if (p := error_problem(run, "slow")) else [])
+                                for i, run in enumerate(runs)])
+
+    start = time.perf_counter()
+    result = check(lambda: time.sleep(0.1))
+    assert time.perf_counter() - start < 1.5  # not 8 x 0.1 s plus a limit for each
+    assert result.keys == {checking.TIMED_OUT}
+    assert "look at the loop over the devices" in result.problems[0].message
+    assert "fixed number of times" not in result.problems[0].message
+    assert check(lambda: None).passed  # a new check gets a new budget
+
+
+def test_the_fix_is_shown_when_the_same_mistake_is_named_again(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("AMP_TUTORIAL_WORKSPACE", str(tmp_path))
+    exercise = checking.Exercise("00", "scaled", "fine")
+    wrong = Problem.named("k", "You did X.", "X breaks Y.", "write Z.")
+    other = Problem.named("j", "You did W.", "W breaks V.", "write U.")
+    first = exercise.report([("fp16", [wrong])])
+    assert "X breaks Y." in str(first) and "write Z" not in str(first)
+    assert checking.NAMED_AGAIN in str(first)
+    second = exercise.report([("fp16", [wrong, other])])
+    assert "Instead: write Z." in str(second) and "write U" not in str(second)
+    assert wrong.message in second.problems[0].message  # the record keeps the whole message
 
 
 def test_outside_the_main_thread_the_code_runs_without_a_limit(

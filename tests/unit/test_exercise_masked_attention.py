@@ -21,7 +21,7 @@ from amp_tutorial.exercises import checking
 from amp_tutorial.exercises import masked_attention as exercise
 from amp_tutorial.exercises.masked_attention import check_masked_attention
 from tests.support import SOLUTIONS
-from tests.support.exercises import answers, checker_tests, problem_keys
+from tests.support.exercises import answers, checker_tests, named_twice, problem_keys
 
 SOLUTION = SOLUTIONS / "masked_attention.py"
 reference_solution = runpy.run_path(str(SOLUTION))["masked_attention"]
@@ -182,9 +182,10 @@ WRONG = answers(MISTAKES)
 def test_messages_name_the_setting_and_the_fix() -> None:
     text = str(check_masked_attention(WRONG["scaled after the float16 matmul"]))
     assert "[float16, float16 under autocast]" in text and "65504" in text
-    text = str(check_masked_attention(WRONG[".float() inside autocast, scaled after"]))
+    text = named_twice(check_masked_attention, WRONG[".float() inside autocast, scaled after"])
     assert "[float16 under autocast]" in text and "enabled=False" in text
-    text = str(check_masked_attention(WRONG["float32 scores with autocast off for the CPU only"]))
+    text = named_twice(check_masked_attention,
+                       WRONG["float32 scores with autocast off for the CPU only"])
     assert "[simulated cuda (float16), simulated xpu (float16), simulated mps (float16)]" in text
     assert 'device_type "cpu"' in text and "q.device.type" in text
     raised = str(check_masked_attention(WRONG["masked_fill(-1e9) on float16 scores"]))

@@ -77,7 +77,8 @@ def test_every_cell_runs_in_one_namespace_and_the_first_error_is_the_verdict(
         course: Path, tmp_path: Path) -> None:
     result_path = tmp_path / "result.json"
     done = subprocess.run([sys.executable, "-m", "course_tools.lesson_exec", str(course),
-                           str(result_path), str(course.parent.parent / "solutions")], cwd=course.parent, capture_output=True, text=True,
+                           str(result_path), str(course.parent.parent / "solutions")],
+                          cwd=course.parent, capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")},
                           timeout=300, check=False)
     result = json.loads(result_path.read_text())

@@ -79,7 +79,9 @@ __all__ = ["check_train_accumulated", "group_sizes"]
 PRAISE = ("All checks passed: one scaled backward per micro-batch, one step and update per "
           "group (the short last group too), zeroing between groups only, and every step's "
           "gradient matches fp32 on the group as one batch (float16 and bfloat16).")
-EXERCISE = Exercise("05", "train_accumulated", PRAISE)
+EXERCISE = Exercise("05", "train_accumulated", PRAISE, loops=(
+    "the loop over the groups: `range(0, len(micro_batches), accumulation_steps)` visits each "
+    "group once; a `while` whose index never advances by accumulation_steps does not end"))
 
 
 @dataclass(frozen=True)
@@ -463,6 +465,7 @@ def _loss_problems(losses: Sequence[float], reference: Sequence[float], n_steps:
     return []
 
 
+@EXERCISE.checker
 def check_train_accumulated(fn: Callable[..., object]) -> CheckResult:
     """Run ``fn`` on small CPU problems (float16, float16 with clipping, bfloat16) and name every
     mistake; about a second on a laptop CPU.

@@ -55,7 +55,9 @@ PRAISE = ("All checks passed: device_type, dtype and use_scaler are right for th
           "machines with a CUDA or an Apple GPU), an Ampere "
           "and a T4 GPU, MPS, and an XPU with and without native bfloat16, and torch.autocast "
           "took every answer (on the CPU a matmul inside it ran in bfloat16).")
-EXERCISE = Exercise("01", "autocast_settings", PRAISE)
+EXERCISE = Exercise("01", "autocast_settings", PRAISE, loops=(
+    "anything that waits or repeats: the answer needs no loop, only a few checks of "
+    "device.type and one call such as torch.cuda.is_bf16_supported()"))
 
 # The torch functions a scenario replaces (owner, attribute): what a correct answer may ask.
 SIMULATED = (
@@ -382,6 +384,7 @@ def _scenario_problems(fn: SettingsFn, scenario: Scenario
     return [problem for problem in found if problem is not None], reaction
 
 
+@EXERCISE.checker
 def check_autocast_settings(fn: SettingsFn) -> CheckResult:
     """Call ``fn(device)`` for every scenario (a CPU, simulated GPUs) and name every mistake.
 

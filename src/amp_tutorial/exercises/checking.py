@@ -20,10 +20,12 @@ the report and the record of the attempt (``amp_tutorial.progress``) come from h
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from unittest import mock
@@ -31,7 +33,7 @@ from unittest import mock
 import torch
 from torch import nn
 
-from amp_tutorial.progress import record_attempt
+from amp_tutorial.progress import read_attempts, record_attempt
 
 RAISED = "raised"
 TIMED_OUT = "timed-out"
@@ -44,10 +46,16 @@ MODEL_MODE_CHANGED = "model-mode-changed"
 MODEL_DTYPE_CHANGED = "model-weights-dtype-changed"
 CALLER_LIST_CHANGED = "caller-list-changed"
 INPUT_CHANGED = "input-changed-in-place"
+SETTING_LEFT_CHANGED = "torch-setting-left-changed"  # any other global setting (SETTINGS)
 STATE_KEYS = (AUTOCAST_LEFT_CHANGED, DEFAULT_DTYPE_LEFT_CHANGED, GRAD_MODE_LEFT_CHANGED,
-              MODEL_MODE_CHANGED, MODEL_DTYPE_CHANGED, CALLER_LIST_CHANGED, INPUT_CHANGED)
+              MODEL_MODE_CHANGED, MODEL_DTYPE_CHANGED, CALLER_LIST_CHANGED, INPUT_CHANGED,
+              SETTING_LEFT_CHANGED)
 AUTOCAST_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps")  # each has its own autocast switch
 TIME_LIMIT_S = 10.0  # a correct answer needs well under a second on a laptop CPU
+CHECK_BUDGET_S = 20.0  # all of one check's calls of the learner's function together
+FIX = " Instead: "  # what a message says after the mistake: shown once it is named again
+NAMED_AGAIN = ("Change your code and check again: a mistake that is still there is named again, "
+               "with what to write instead.")
 S = TypeVar("S")  # an exercise's scenario type
 
 
@@ -74,6 +82,8 @@ class CheckResult:
     problems: list[Problem] = field(default_factory=list)
     praise: str = "All checks passed."
 
+    reveal: set[str] = field(default_factory=set)  # keys whose fix is shown (named before)
+
     @property
     def passed(self) -> bool:
         return not self.problems
@@ -86,12 +96,32 @@ class CheckResult:
         if self.passed:
             return self.praise
         lines = [f"{len(self.problems)} problem(s) found:"]
-        lines += [f"  {i}. {p.message}" for i, p in enumerate(self.problems, 1)]
+        lines += [f"  {i}. {self.shown(p)}" for i, p in enumerate(self.problems, 1)]
+        if any(self.shown(p) != p.message for p in self.problems):
+            lines.append(NAMED_AGAIN)
         return "\n".join(lines)
+
+    def shown(self, problem: Problem) -> str:
+        """What the learner reads of a problem: what is wrong, where and why; what to write
+        instead only when the same mistake was named at the previous check of this exercise, so
+        that a first answer is thought about before it is pasted."""
+        if problem.key in self.reveal:
+            return problem.message
+        return problem.message.partition(FIX)[0]
 
 
 class LearnerTimeout(Exception):
     """The learner's code ran past the checker's time limit."""
+
+
+@dataclass
+class _Budget:
+    """What one check has left of :data:`CHECK_BUDGET_S` for the learner's calls."""
+
+    left_s: float
+
+
+_BUDGET: ContextVar[_Budget | None] = ContextVar("amp_tutorial_check_budget", default=None)
 
 
 @contextlib.contextmanager
@@ -132,16 +162,25 @@ class Attempt:
 
 
 def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Attempt:
-    """Call ``fn(*args, **kwargs)`` under :data:`TIME_LIMIT_S` (read at each call); its exception
-    is kept, not raised."""
-    start = time.perf_counter()
+    """Call ``fn(*args, **kwargs)`` under :data:`TIME_LIMIT_S` (read at each call), and within
+    what the running check has left of its :data:`CHECK_BUDGET_S` (:meth:`Exercise.checker`):
+    the scenarios and simulated devices of one check share one budget. Its exception is kept,
+    not raised."""
+    budget = _BUDGET.get()
+    limit = TIME_LIMIT_S if budget is None else min(TIME_LIMIT_S, budget.left_s)
     result = Attempt()
+    if limit <= 0:
+        result.error = LearnerTimeout("the check's time for your function was used up")
+        return result
+    start = time.perf_counter()
     try:
-        with time_limit(TIME_LIMIT_S):
+        with time_limit(limit):
             result.value = fn(*args, **kwargs)
     except Exception as error:  # the learner's bug, reported rather than raised
         result.error = error
     result.seconds = time.perf_counter() - start
+    if budget is not None:
+        budget.left_s -= result.seconds
     return result
 
 
@@ -153,13 +192,18 @@ def error_problem(run: Attempt, name: str, after_others: bool = False) -> Proble
     """
     if run.error is None:
         return None
+    why = ("A correct answer finishes in well under a second here; a loop that never ends (a "
+           "`while` whose condition never changes, or iterating over something that grows) is "
+           "the usual cause.")
+    if run.timed_out and not run.seconds:  # not run: the check's budget was spent already
+        return Problem.named(
+            TIMED_OUT, f"{name} had used up the {CHECK_BUDGET_S:g} seconds this check gives it "
+            "over all its runs, so the checker stopped.", why,
+            "make every loop run a fixed number of times.")
     if run.timed_out:
         return Problem.named(
             TIMED_OUT, f"{name} was still running after {run.seconds:.0f} seconds, so the "
-            "checker stopped it.", "A correct answer finishes in well under a second here; a "
-            "loop that never ends (a `while` whose condition never changes, or iterating over "
-            "something that grows) is the usual cause.", "make every loop run a fixed number of "
-            "times, e.g. `for epoch in range(epochs):`.")
+            "checker stopped it.", why, "make every loop run a fixed number of times.")
     cause = " (probably a consequence of the mistake named above)" if after_others else ""
     return Problem(RAISED, f"{name} raised {type(run.error).__name__}{cause}: {run.error}")
 
@@ -174,6 +218,120 @@ def type_problem(value: Any, expected: type | tuple[type, ...], name: str, what:
         "was expected.", "The code that uses the answer needs exactly that type.", fix)
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One global torch setting a learner's function could leave changed: how to read it, how to
+    put it back, and what to write instead of changing it for good."""
+
+    name: str  # as the learner would write it
+    read: Callable[[], Any]
+    write: Callable[[Any], None]
+    instead: str = "leave it as you found it: none of the exercises needs it changed."
+
+
+def _attribute(path: str, instead: str = Setting.instead) -> Setting:
+    """A setting that is an attribute, ``torch.backends.cudnn.benchmark`` say."""
+    owner_path, _, attr = path.rpartition(".")
+
+    def owner() -> Any:
+        obj: Any = torch
+        for part in owner_path.split(".")[1:]:
+            obj = getattr(obj, part)
+        return obj
+
+    return Setting(path, lambda: getattr(owner(), attr), lambda v: setattr(owner(), attr, v),
+                   instead)
+
+
+def _sdpa(kind: str) -> Setting:
+    cuda = torch.backends.cuda
+    return Setting(f"torch.backends.cuda.enable_{kind}_sdp", getattr(cuda, f"{kind}_sdp_enabled"),
+                   getattr(cuda, f"enable_{kind}_sdp"),
+                   "choose SDPA's kernels for one block: `with torch.nn.attention.sdpa_kernel("
+                   "...):`, which puts the flags back when it ends.")
+
+
+def _nesting() -> int:
+    depth = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    return depth
+
+
+def _set_nesting(depth: int) -> None:
+    while _nesting() > depth:
+        torch.autocast_decrement_nesting()
+    while _nesting() < depth:
+        torch.autocast_increment_nesting()
+
+
+# Every other global setting a call is checked for (autocast per device type, the default dtype
+# and grad mode have keys of their own). The TF32 switches are read through the per-backend
+# ``fp32_precision`` settings where torch has them (2.9 on): there the old ``allow_tf32`` getters
+# are derived from them and can raise once only the new ones were set. Settings this torch does
+# not have are left out (:func:`_readable`).
+SETTINGS: tuple[Setting, ...] = (
+    Setting("torch.set_float32_matmul_precision", torch.get_float32_matmul_precision,
+            torch.set_float32_matmul_precision, "leave fp32 matmuls as the caller set them; "
+            "TF32 or bf16 matmuls in fp32 code are a choice for the whole program, not for "
+            "one function."),
+    *(_attribute(f"torch.backends.{path}.fp32_precision") for path in (
+        "", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "mkldnn", "mkldnn.matmul",
+        "mkldnn.conv", "mkldnn.rnn")),
+    _attribute("torch.backends.cuda.matmul.allow_tf32"),
+    _attribute("torch.backends.cudnn.allow_tf32"),
+    _attribute("torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction"),
+    _attribute("torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction"),
+    _attribute("torch.backends.cudnn.benchmark"),
+    _attribute("torch.backends.cudnn.deterministic"),
+    _attribute("torch.backends.cudnn.enabled"),
+    _attribute("torch.backends.mkldnn.enabled"),
+    *(_sdpa(kind) for kind in ("flash", "mem_efficient", "math", "cudnn")),
+    Setting("torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp",
+            lambda: torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed(),
+            lambda v: torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(v)),
+    Setting("torch.set_default_device", torch.get_default_device,
+            lambda v: torch.set_default_device(None if v == torch.device("cpu") else v),
+            "make the tensors on the device you were given: `torch.empty(..., device=device)`, "
+            "or `with torch.device(device):` for a block."),
+    Setting("torch.use_deterministic_algorithms",
+            lambda: (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled()),
+            lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1])),
+    Setting("torch.autograd.set_detect_anomaly",
+            lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
+            lambda v: torch.set_anomaly_enabled(*v),
+            "look for a NaN's origin in one block: `with torch.autograd.detect_anomaly():`; "
+            "anomaly mode left on slows every later backward pass."),
+    Setting("torch.set_autocast_cache_enabled", torch.is_autocast_cache_enabled,
+            torch.set_autocast_cache_enabled),
+    Setting("autocast's nesting depth (an autocast entered and never exited)", _nesting,
+            _set_nesting, "use autocast only as a `with torch.autocast(...):` block."),
+)
+
+
+def _readable(setting: Setting) -> bool:
+    try:
+        setting.read()
+    except Exception:  # noqa: BLE001 - a setting this torch lacks, or cannot read here
+        return False
+    return True
+
+
+_HERE = tuple(s for s in SETTINGS if _readable(s))
+if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # the old TF32 getters are derived
+    _HERE = tuple(s for s in _HERE if not s.name.endswith("allow_tf32"))
+
+
+def _read_settings() -> dict[str, Any]:
+    values = {}
+    for setting in _HERE:
+        try:
+            values[setting.name] = setting.read()
+        except Exception:  # noqa: BLE001 - unreadable after a change (an old getter, say)
+            values[setting.name] = "(unreadable)"
+    return values
+
+
 @dataclass
 class _World:
     """What a call must leave as it found: global settings, and the caller's objects."""
@@ -185,6 +343,7 @@ class _World:
     weight_dtypes: dict[str, list[torch.dtype]]  # model name -> each parameter's dtype
     lists: dict[str, list[Any]]  # list name -> a shallow copy of its items
     tensors: dict[str, torch.Tensor]  # tensor name -> a copy of its values
+    settings: dict[str, Any] = field(default_factory=_read_settings)  # SETTINGS, by name
 
     @classmethod
     def now(cls, models: dict[str, nn.Module], lists: dict[str, list],
@@ -198,6 +357,14 @@ class _World:
                    {n: t.detach().clone() for n, t in tensors.items()})
 
     def restore_globals(self) -> None:
+        # the matmul precision first: it sets several of the per-backend settings at once
+        for setting in _HERE:
+            was = self.settings.get(setting.name)
+            try:
+                if setting.read() != was:
+                    setting.write(was)
+            except Exception:  # noqa: BLE001 - put back what can be; the change is named anyway
+                continue
         for device_type, (enabled, dtype) in self.autocast.items():
             torch.set_autocast_enabled(device_type, enabled)
             torch.set_autocast_dtype(device_type, dtype)
@@ -288,6 +455,18 @@ def _state_problems(name: str, before: _World, after: _World, lists: dict[str, l
                 "change it for the next epoch or the next call, which then gets fewer (or other) "
                 "batches.", "read the list without changing it: iterate over it, or slice it "
                 "(`items[start:start + k]` is a new list)."))
+    settings = [(setting, after.settings.get(setting.name)) for setting in _HERE
+                 if after.settings.get(setting.name) != before.settings.get(setting.name)
+                 and not (switched and setting.read is _nesting)]  # one mistake, named above
+    if settings:
+        found.append(Problem.named(
+            SETTING_LEFT_CHANGED, f"After {name} returned, torch's global settings were changed: "
+            + "; ".join(f"{s.name} is {now!r} (was {before.settings.get(s.name)!r})"
+                        for s, now in settings) + ".",
+            "They hold for the whole program: everything that runs afterwards (the caller's "
+            "training, its evaluation, the next lesson) runs with them, and the numbers it "
+            "gets change without a line of its own saying why.",
+            " ".join(dict.fromkeys(s.instead for s, _ in settings))))
     changed = [n for n, t in tensors.items() if not _same_tensor(t, before.tensors[n])]
     if changed:
         found.append(Problem.named(
@@ -371,6 +550,19 @@ class Exercise:
     lesson: str  # "05": the lesson the exercise is in
     name: str  # "train_accumulated": the learner's function, as the record names it
     praise: str  # what a passing check prints
+    loops: str = ""  # where this exercise's answer loops, for a run past the time limit
+
+    def checker(self, check: Callable[..., CheckResult]) -> Callable[..., CheckResult]:
+        """The exercise's ``check_*`` function, run with one :data:`CHECK_BUDGET_S` for all of
+        its calls of the learner's code (scenarios and simulated devices alike)."""
+        @functools.wraps(check)
+        def within_budget(*args: Any, **kwargs: Any) -> CheckResult:
+            token = _BUDGET.set(_Budget(CHECK_BUDGET_S))
+            try:
+                return check(*args, **kwargs)
+            finally:
+                _BUDGET.reset(token)
+        return within_budget
 
     def check(self, scenarios: Iterable[S], problems_of: Callable[[S], list[Problem]],
               name_of: Callable[[S], str] = lambda scenario: scenario.name) -> CheckResult:
@@ -386,7 +578,21 @@ class Exercise:
 
     def report(self, found: Iterable[tuple[str, Iterable[Problem]]],
                praise: str | None = None) -> CheckResult:
-        """:func:`collect` the problems into one result and record the attempt."""
+        """:func:`collect` the problems into one result and record the attempt. A run past the
+        time limit says where this exercise loops; a mistake the previous check of this exercise
+        named too shows what to write instead (:meth:`CheckResult.shown`)."""
         result = collect(found, self.praise if praise is None else praise)
+        if self.loops:
+            result.problems = [
+                Problem(p.key, f"{p.message.partition(FIX)[0]}{FIX}look at {self.loops}.")
+                if p.key == TIMED_OUT else p for p in result.problems]
+        result.reveal = self.named_last_time()
         record_attempt(self.lesson, self.name, result.passed, result.keys, str(result))
         return result
+
+    def named_last_time(self) -> set[str]:
+        """The mistakes the learner's previous check of this exercise named (none if it is the
+        first, or the record cannot be read)."""
+        mine = [r for r in read_attempts()
+                if r.get("lesson") == self.lesson and r.get("exercise") == self.name]
+        return set(mine[-1].get("keys", ())) if mine else set()

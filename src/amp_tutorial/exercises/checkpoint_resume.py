@@ -77,7 +77,9 @@ PRAISE = (f"All checks passed: saved after step {SAVE_AT} and loaded into fresh 
           f"resumed at the right step and ended bit for bit like the uninterrupted one "
           "(parameters and BatchNorm's running statistics, Adam's state and its decayed learning "
           "rate, the GradScaler's scale and growth count).")
-EXERCISE = Exercise("05", "save_and_load", PRAISE)
+EXERCISE = Exercise("05", "save_and_load", PRAISE, loops=(
+    "save and load: each needs no loop, one torch.save of a dict and one torch.load; a loop "
+    "that waits for the file, or re-reads it until something changes, does not end"))
 
 
 @dataclass
@@ -348,6 +350,7 @@ def _scaler_problems(now: dict[str, Any], saved: dict[str, Any], written: Writte
 
 
 # -- the check -------------------------------------------------------------------------------------
+@EXERCISE.checker
 def check_save_and_load(save: Callable[..., object], load: Callable[..., object]) -> CheckResult:
     """Save mid-run with ``save``, resume fresh objects with ``load``, and name what was lost.
 

@@ -75,7 +75,9 @@ __all__ = ["check_contrastive_loss", "make_cases",
 PRAISE = ("All checks passed: under float16 and bfloat16 autocast your loss is float32, matches "
           "the fp32 reference on inputs that break 16-bit math and sends the right gradients to "
           "both inputs; on simulated CUDA tensors no op of yours ran in 16 bits either.")
-EXERCISE = Exercise("07", "contrastive_loss", PRAISE)
+EXERCISE = Exercise("07", "contrastive_loss", PRAISE, loops=(
+    "any loop over the rows: the loss is a few whole-tensor operations (one matmul, "
+    "cross_entropy), with no loop at all"))
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, float], object]
 LOW = (torch.float16, torch.bfloat16)
@@ -516,6 +518,7 @@ def _warm_up() -> None:
     _run_simulated(_in_fp32_region, "cuda", _untimed)
 
 
+@EXERCISE.checker
 def check_contrastive_loss(fn: LossFn) -> CheckResult:
     """Call ``fn(queries, keys, temperature)`` inside CPU autocast (float16 and bfloat16, two
     inputs each), then on simulated CUDA tensors, and name every mistake.

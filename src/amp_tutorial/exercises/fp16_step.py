@@ -76,7 +76,9 @@ __all__ = ["check_fp16_step", "make_step_problem"]
 PRAISE = ("All checks passed: autocast, the scaled backward, unscale_ before clipping, the "
           "scaler's step and update, and the returned loss are right (SGD and Adam), and an "
           "overflowing step is skipped.")
-EXERCISE = Exercise("02", "fp16_step", PRAISE)
+EXERCISE = Exercise("02", "fp16_step", PRAISE, loops=(
+    "any loop: one step is one forward, one scaled backward, one scaler.step and one "
+    "scaler.update, with no loop; a `while` that waits for the scale to settle does not end"))
 
 StepFn = Callable[..., object]
 OPTIMIZERS = {"SGD": (torch.optim.SGD, 0.1), "Adam": (torch.optim.Adam, 1e-2)}  # class, lr
@@ -385,6 +387,7 @@ def _overflow_problems(outcome: _Outcome, scenario: Scenario) -> list[Problem]:
         "argument to update().")]
 
 
+@EXERCISE.checker
 def check_fp16_step(fn: StepFn) -> CheckResult:
     """Call ``fn`` for a few steps on a small CPU problem (SGD, Adam, an overflowing first step)
     and name every mistake.

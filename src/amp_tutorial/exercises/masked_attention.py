@@ -77,7 +77,9 @@ PRAISE = ("All checks passed: float16 tensors, float16 under CPU autocast and fl
           "float64 attention, with scores beyond float16's range, random and causal masks, and "
           "zeros for fully masked rows; the inputs stay unchanged and a q that requires grad "
           "works.")
-EXERCISE = Exercise("13", "masked_attention", PRAISE)
+EXERCISE = Exercise("13", "masked_attention", PRAISE, loops=(
+    "any loop over rows or heads: the attention is a few whole-tensor operations "
+    "(matmul, masked_fill, softmax, matmul), with no loop at all"))
 OVERFLOW_ERROR = "cannot be converted to type c10::Half without overflow"  # torch's own words
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], object]
@@ -482,6 +484,7 @@ def _value_problems(outcomes: list[Outcome]) -> Found:
     return found
 
 
+@EXERCISE.checker
 def check_masked_attention(fn: AttentionFn) -> CheckResult:
     """Run ``fn(q, k, v, mask)`` on the exercise's inputs in each setting and name every mistake.
 

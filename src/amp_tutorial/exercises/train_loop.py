@@ -70,7 +70,9 @@ HISTORY_NOT_LIKE_FP32 = "history-not-like-fp32"
 __all__ = ["check_train_with_amp", "make_exercise_problem", "train_fp32"]
 PRAISE = ("All checks passed: autocast, GradScaler, clipping, zeroing and the loss history are "
           "right (float16 and bfloat16).")
-EXERCISE = Exercise("06", "train_with_amp", PRAISE)
+EXERCISE = Exercise("06", "train_with_amp", PRAISE, loops=(
+    "the two loops: `for _ in range(epochs):` around `for inputs, targets in data:`; a loop "
+    "that appends to `data` while iterating over it, or a `while` on the loss, does not end"))
 
 TrainFn = Callable[..., object]
 
@@ -311,6 +313,7 @@ def _history_problems(history: object, reference: Sequence[float], other_problem
     return []
 
 
+@EXERCISE.checker
 def check_train_with_amp(fn: TrainFn) -> CheckResult:
     """Run ``fn`` on a small CPU problem (fp16, fp16 with clipping, bf16) and name every mistake.
 
