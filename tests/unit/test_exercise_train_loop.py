@@ -229,7 +229,7 @@ MISTAKES = [
      exercise.BAD_HISTORY, False),
     ("last batch, not mean",
      amp_loop(history=lambda losses, scaled, n: [x.item() for x in losses[n - 1::n]]),
-     exercise.HISTORY_NOT_LIKE_FP32, False),
+     exercise.HISTORY_NOT_LIKE_RIGHT_RUN, False),
 ]
 WRONG = answers(MISTAKES)
 

@@ -1,21 +1,29 @@
-"""The ``train_with_amp`` exercise (lesson 06): a small problem, an fp32 baseline, and a checker
-that names mistakes.
+"""The ``train_with_amp`` exercise (lesson 06): a small problem, the reference answer, and a
+checker that judges the result first and then names the mistake.
 
-``check_train_with_amp(fn)`` trains a tiny MLP with the learner's function on the CPU (float16 with
-and without clipping, then bfloat16) while a ``TrainingSpy`` (``exercises.training_spy``) watches
-what it does, without relying on how the code is spelled, and then compares the returned
-loss history with plain fp32 training. A fourth run (bfloat16, targets ten times larger) has
-gradient norms above 1 and no clipping asked for: a clip at a default of 1.0 shows there.
+``check_train_with_amp(fn)`` trains a tiny MLP on the CPU with the learner's function and, beside
+it, with the reference answer (``exercises.solutions.train_with_amp``), on the same scenarios:
+float16 with and without clipping, float16 where the scaler skips steps, bfloat16, and bfloat16
+with gradient norms above 1 (where a clip at a default of 1.0 shows). Their epochs, number of
+batches and the size of the one short batch are drawn from a seeded generator
+(:func:`draw_scenarios`), so the mean per batch, the count of batches and the skipped steps all
+matter to the result. The returned history must match the reference's within
+:data:`REFERENCE_RTOL`: only the order of fp32 sums may differ. A ``TrainingSpy``
+(``exercises.training_spy``) watches what the code does, without relying on how it is spelled,
+and names the mistake behind a difference.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
+import random
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
+from unittest import mock
 
 import torch
 from torch import nn
@@ -29,6 +37,7 @@ from amp_tutorial.exercises.checking import (
     error_problem,
     left_behind,
 )
+from amp_tutorial.exercises.solutions.train_with_amp import train_with_amp as reference_answer
 from amp_tutorial.exercises.training_spy import (
     CLIP_BEFORE_UNSCALE,
     CLIPPED_WITHOUT_MAX,
@@ -58,7 +67,12 @@ MAX_GRAD_NORM = 0.1  # below the problem's gradient norm (about 0.25), so clippi
 LOOSE_GRAD_NORM = 1.0  # above it: a right clip leaves the gradients alone; one without min(1, .)
 # scales them up
 LARGE_TARGETS = 10.0  # targets times 10: gradient norms above 1, where a default clip would fire
-HISTORY_RTOL = 0.02  # correct fp16 / bf16 runs stay within 0.2% of fp32 here; 2% leaves room
+SKIPPING_TARGETS = 100.0  # targets times 100: float16's first steps overflow, the scaler skips
+REFERENCE_RTOL = 1e-4  # measured: right answers stay within 1e-7 of the reference's history
+# when they sum in another order, 2e-5 with a clip written by hand (its own epsilon); a loss in 16
+# bits lands 8e-5 to 2e-2 away (above 1e-3 in some scenario), a skipped step left out of the mean
+# 1e-2 or more
+SEED = 6  # the scenarios' draw (lesson 06)
 DEVICE_TYPE = "cpu"  # fp16 and bf16 autocast and GradScaler("cpu") all work on the CPU
 
 # Problem keys: one per mistake the checker can name.
@@ -66,7 +80,7 @@ NO_BACKWARD = "no-backward"
 NO_OPTIMIZER_STEP = "no-optimizer-step"
 SCALER_NOT_CARRIED = "scaler-state-not-carried"
 BAD_HISTORY = "bad-loss-history"
-HISTORY_NOT_LIKE_FP32 = "history-not-like-fp32"
+HISTORY_NOT_LIKE_RIGHT_RUN = "history-not-like-right-run"
 __all__ = ["check_train_with_amp", "make_exercise_problem", "train_fp32"]
 PRAISE = ("All checks passed: autocast, GradScaler, clipping, zeroing and the loss history are "
           "right (float16 and bfloat16).")
@@ -79,31 +93,53 @@ TrainFn = Callable[..., object]
 
 @dataclass(frozen=True)
 class Scenario:
-    """One run of the learner's function: the autocast dtype and an optional clipping norm.
+    """One run of the learner's function: the autocast dtype, an optional clipping norm, the
+    targets' scale, and the problem's shape (epochs, batches, the size of the one short batch).
     """
 
     name: str
     amp_dtype: torch.dtype
     max_grad_norm: float | None = None
     target_scale: float = 1.0
+    epochs: int = EPOCHS
+    n_batches: int = N_BATCHES
+    short_batch: int = BATCH_SIZE  # the size of the last batch (BATCH_SIZE: none is short)
 
 
-SCENARIOS = (
+# What each scenario is for: the rules the lesson states, each exercised by one of them.
+RULES = (
     Scenario("float16", torch.float16),
     Scenario("float16 + clipping", torch.float16, MAX_GRAD_NORM),
     Scenario("float16, max_grad_norm above the gradient norm", torch.float16, LOOSE_GRAD_NORM),
+    Scenario("float16, steps skipped", torch.float16, target_scale=SKIPPING_TARGETS),
     Scenario("bfloat16", torch.bfloat16),
     Scenario("bfloat16, gradient norm above 1", torch.bfloat16, target_scale=LARGE_TARGETS),
 )
 
 
+def draw_scenarios(seed: int = SEED) -> tuple[Scenario, ...]:
+    """:data:`RULES` with their shapes drawn: 3 or 4 epochs, 3 to 5 batches, the last batch
+    shorter (16 to 48 samples) in all but the first, so that a mean over samples, a fixed count
+    of batches or a skipped step left out of the mean changes the result."""
+    rng = random.Random(seed)
+    drawn = []
+    for i, rule in enumerate(RULES):
+        drawn.append(dataclasses.replace(
+            rule, epochs=rng.choice((3, 4)), n_batches=rng.choice((3, 4, 5)),
+            short_batch=BATCH_SIZE if i == 0 else rng.randint(16, 48)))
+    return tuple(drawn)
+
+
+SCENARIOS = draw_scenarios()
+
+
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
-def make_exercise_problem(seed: int = 0, n_batches: int = N_BATCHES, target_scale: float = 1.0
-                          ) -> tuple[nn.Module, Batches]:
+def make_exercise_problem(seed: int = 0, n_batches: int = N_BATCHES, target_scale: float = 1.0,
+                          short_batch: int = BATCH_SIZE) -> tuple[nn.Module, Batches]:
     """A small MLP and ``n_batches`` (inputs, targets) batches of a smooth regression, on the CPU
-    (targets times ``target_scale``).
+    (targets times ``target_scale``; the last batch holds ``short_batch`` samples).
 
     Seeded without touching the global random state, so every call returns the same problem.
     """
@@ -114,8 +150,9 @@ def make_exercise_problem(seed: int = 0, n_batches: int = N_BATCHES, target_scal
     generator = torch.Generator().manual_seed(seed)
     direction = torch.randn(8, 1, generator=generator)
     data = []
-    for _ in range(n_batches):
-        inputs = torch.randn(BATCH_SIZE, 8, generator=generator)
+    for i in range(n_batches):
+        inputs = torch.randn(short_batch if i == n_batches - 1 else BATCH_SIZE, 8,
+                             generator=generator)
         data.append((inputs, torch.sin(inputs @ direction) * target_scale))
     return model, data
 
@@ -145,21 +182,46 @@ def train_fp32(
     return history
 
 
+def _problem(scenario: Scenario) -> tuple[nn.Module, Batches, torch.optim.Optimizer]:
+    model, data = make_exercise_problem(n_batches=scenario.n_batches,
+                                        target_scale=scenario.target_scale,
+                                        short_batch=scenario.short_batch)
+    return model, data, torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
+
+
+ScalerSettings = tuple[float, float, float, int]  # init_scale, growth, backoff, growth_interval
+
+
+def scaler_settings(spy: TrainingSpy) -> ScalerSettings | None:
+    """The settings of the first GradScaler the learner's run used (None: none was enabled)."""
+    if not spy.scalers:
+        return None
+    scaler = spy.scalers[0]
+    return (scaler._init_scale, scaler._growth_factor, scaler._backoff_factor,
+            scaler._growth_interval)
+
+
 @functools.cache
-def _fp32_reference(scenario: Scenario) -> tuple[float, ...]:
-    model, data = make_exercise_problem(target_scale=scenario.target_scale)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
-    return tuple(train_fp32(model, data, optimizer, nn.MSELoss(), EPOCHS, scenario.max_grad_norm))
+def _reference(scenario: Scenario, settings: ScalerSettings | None) -> tuple[float, ...]:
+    """The history the reference answer returns on ``scenario``, its GradScaler made with the
+    learner's ``settings``: a scaler that starts lower skips other steps, and that is no mistake."""
+    model, data, optimizer = _problem(scenario)
+    scaler = torch.amp.GradScaler
+    made = scaler if settings is None else functools.partial(
+        scaler, init_scale=settings[0], growth_factor=settings[1], backoff_factor=settings[2],
+        growth_interval=settings[3])
+    with mock.patch.object(torch.amp, "GradScaler", made):
+        return tuple(reference_answer(model, data, optimizer, nn.MSELoss(), scenario.epochs,
+                                      DEVICE_TYPE, scenario.amp_dtype, scenario.max_grad_norm))
 
 
 def _run(fn: TrainFn, scenario: Scenario) -> tuple[TrainingSpy, Attempt, list[Problem]]:
-    model, data = make_exercise_problem(target_scale=scenario.target_scale)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
+    model, data, optimizer = _problem(scenario)
     spy = TrainingSpy(model, optimizer, scenario, DEVICE_TYPE)
     with ExitStack() as stack:
         spy.install(stack)
         with left_behind("train_with_amp", models={"model": model}, lists={"data": data}) as left:
-            run = attempt(fn, model, data, optimizer, nn.MSELoss(), EPOCHS, DEVICE_TYPE,
+            run = attempt(fn, model, data, optimizer, nn.MSELoss(), scenario.epochs, DEVICE_TYPE,
                           scenario.amp_dtype, max_grad_norm=scenario.max_grad_norm)
     if spy.count["backward"]:
         spy.close_iteration(complete=run.error is None)
@@ -263,7 +325,7 @@ def _process_problems(spy: TrainingSpy, scenario: Scenario, run: Attempt) -> lis
             f"clipped gradient (norm {spy.clipped_to:.3g}, below the gradient's own). None means "
             "no clipping: a default such as 1.0 shortens every step whose gradient norm is above "
             "it. Clip only `if max_grad_norm is not None:`."))
-    if error is None and c["backward"] and c["optimizer_step"] == 0:
+    if error is None and c["backward"] and c["optimizer_step"] == 0 and not found:
         found.append(Problem(NO_OPTIMIZER_STEP,
             "The optimizer passed in never stepped, so the weights never changed. Step the "
             "optimizer you were given (through scaler.step when a scaler is used)."))
@@ -273,9 +335,10 @@ def _process_problems(spy: TrainingSpy, scenario: Scenario, run: Attempt) -> lis
     return found
 
 
-def _history_problems(history: object, reference: Sequence[float], other_problems: bool
-                      ) -> list[Problem]:
-    """Mistakes in the returned loss history, judged against plain fp32 training."""
+def _history_problems(history: object, reference: Sequence[float], scenario: Scenario,
+                      other_problems: bool) -> list[Problem]:
+    """Mistakes in the returned loss history, judged against the reference answer's on the same
+    scenario."""
     def bad(message: str) -> list[Problem]:
         return [Problem(BAD_HISTORY, message)]
 
@@ -290,38 +353,47 @@ def _history_problems(history: object, reference: Sequence[float], other_problem
     if not all(isinstance(v, numbers.Real) for v in history):
         return bad("The loss history must hold plain numbers (floats).")
     if len(history) != len(reference):
-        per_step = " (that is one per step)" if len(history) == len(reference) * N_BATCHES else ""
+        per_step = (" (that is one per step)"
+                    if len(history) == len(reference) * scenario.n_batches else "")
         return bad(f"Expected one mean loss per epoch ({len(reference)} values for "
                    f"epochs={len(reference)}), got {len(history)}{per_step}.")
     values = [float(v) for v in history]
     if not all(math.isfinite(v) for v in values):
-        return bad(f"The loss history contains inf or NaN: {values}.")
+        return [] if other_problems else bad(f"The loss history contains inf or NaN: {values}.")
     ratio = values[0] / reference[0]
     if ratio > 100:
-        return bad(f"The losses are about {ratio:.3g} times the fp32 losses: that is the scaled "
-                   "loss. Record loss.item(), not scaler.scale(loss).item().")
-    if math.isclose(ratio, N_BATCHES, rel_tol=0.05):
+        return bad(f"The losses are about {ratio:.3g} times a right answer's losses: that is the "
+                   "scaled loss. Record loss.item(), not scaler.scale(loss).item().")
+    if math.isclose(ratio, scenario.n_batches, rel_tol=0.05):
         return bad("The losses are the per-epoch sum: divide by the number of batches "
                    "to get the mean loss per epoch.")
     worst = max(abs(v - r) / r for v, r in zip(values, reference, strict=True))
-    if worst > HISTORY_RTOL and not other_problems:  # other mistakes explain a mismatch already
-        pairs = ", ".join(f"{v:.4f} vs {r:.4f}" for v, r in zip(values, reference, strict=True))
-        return [Problem(HISTORY_NOT_LIKE_FP32,
-            f"The loss history does not follow fp32 training (yours vs fp32: {pairs}; "
-            f"they differ by up to {worst:.1%}). Return the mean batch loss of each epoch, "
-            "with loss.item() taken from the unscaled loss.")]
+    if worst > REFERENCE_RTOL and not other_problems:  # other mistakes explain it already
+        pairs = ", ".join(f"{v:.6g} vs {r:.6g}" for v, r in zip(values, reference, strict=True))
+        return [Problem.named(
+            HISTORY_NOT_LIKE_RIGHT_RUN, f"The loss history differs from a right answer's on the "
+            f"same data (yours vs right: {pairs}; up to {worst:.2g} apart, where two right "
+            f"answers stay within {REFERENCE_RTOL:g}).", "The history is the mean of each "
+            "epoch's batch losses, each taken from the float32 loss of an AMP forward pass: "
+            "every batch counts once, also a shorter one and one whose step the scaler "
+            "skipped. A loss or its targets in 16 bits, a mean over samples, or a fixed count "
+            "of batches gives other numbers.", "let loss_fn compute the loss inside autocast "
+            "(it runs in float32 there), add loss.item() for every batch, and divide by "
+            "len(data).")]
     return []
 
 
 @EXERCISE.checker
 def check_train_with_amp(fn: TrainFn) -> CheckResult:
-    """Run ``fn`` on a small CPU problem (fp16, fp16 with clipping, bf16) and name every mistake.
+    """Run ``fn`` beside the reference answer on :data:`SCENARIOS` and the simulated devices;
+    name every mistake.
 
     ``fn(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype, max_grad_norm=None)``
-    must return the mean loss of each epoch. Takes about a second on a laptop CPU.
+    must return the mean loss of each epoch. Takes a few seconds on a laptop CPU.
     """
     return check_on_devices(EXERCISE, SCENARIOS, lambda scenario: _scenario_problems(fn, scenario),
-                            lambda device_type: _simulated(fn, device_type))
+                            lambda device_type: _simulated(fn, device_type),
+                            differences={HISTORY_NOT_LIKE_RIGHT_RUN})
 
 
 def _simulated(fn: TrainFn, device_type: str) -> list[Problem]:
@@ -340,5 +412,6 @@ def _scenario_problems(fn: TrainFn, scenario: Scenario) -> list[Problem]:
     spy, run, left = _run(fn, scenario)
     problems = _process_problems(spy, scenario, run) + left
     if run.error is None:
-        problems += _history_problems(run.value, _fp32_reference(scenario), bool(problems))
+        reference = _reference(scenario, scaler_settings(spy))
+        problems += _history_problems(run.value, reference, scenario, bool(problems))
     return problems

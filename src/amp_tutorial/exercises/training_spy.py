@@ -395,16 +395,22 @@ _EXPLAINED_BY = {AUTOCAST_OTHER_DEVICE: {FORWARD_NOT_AUTOCAST},
 
 def check_on_devices(exercise: Exercise, scenarios: Iterable[S],
                      problems_of: Callable[[S], list[Problem]],
-                     simulated_of: Callable[[str], list[Problem]]) -> CheckResult:
+                     simulated_of: Callable[[str], list[Problem]],
+                     differences: set[str] | frozenset[str] = frozenset()) -> CheckResult:
     """A training checker's whole run: its CPU ``scenarios`` (stopping after one that ran past
     the time limit), then each of :data:`SIMULATED_DEVICE_TYPES` through ``simulated_of``,
-    reported and recorded as one result."""
+    reported and recorded as one result. ``differences``: the keys that say only that a result
+    differs from the reference's; where a named mistake was found in any run, it explains them,
+    and they are left out."""
     found = []
     for scenario in scenarios:
         found.append((scenario.name, problems_of(scenario)))
         if any(p.key == TIMED_OUT for p in found[-1][1]):
             return exercise.report(found)
     named = {p.key for _, problems in found for p in problems}
+    if named - set(differences):
+        found = [(name, [p for p in problems if p.key not in differences])
+                 for name, problems in found]
     for device_type in SIMULATED_DEVICE_TYPES:
         found.append((simulated_name(device_type),
                       [p for p in simulated_of(device_type)
