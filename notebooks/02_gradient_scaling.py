@@ -51,7 +51,7 @@ from IPython.display import display
 from tqdm.auto import tqdm
 
 from amp_tutorial.data import make_problem
-from amp_tutorial.device import describe_device, select_device
+from amp_tutorial.device import device_line, select_device
 from amp_tutorial.exercises.fp16_step import check_fp16_step
 from amp_tutorial.gradients import activation_grads, grad_norm, snapshot, update_norm, zero_fraction
 from amp_tutorial.models import ConvModel
@@ -60,8 +60,7 @@ from amp_tutorial.presets import fp16_width, get_preset
 
 info = select_device()
 preset = get_preset(device_type=info.type)
-print(describe_device(info))
-print(f"preset {preset.name!r}: {preset.description}")
+print(device_line(info, preset))
 
 # %%
 fp16_ok_here = torch.float16 in info.amp_dtypes or info.type == "cpu"

@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 from amp_tutorial.autocast_policy import has_autocast_kernel
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import (
-    describe_device,
+    device_line,
     dtype_name,
     fp32_baseline,
     has_fp32_precision_api,
@@ -68,10 +68,7 @@ from amp_tutorial.presets import get_preset
 # %%
 info = select_device()
 preset = get_preset(device_type=info.type)
-print(describe_device(info))
-print(f"preset {preset.name!r}: {preset.description}")
-print(f"  grid {preset.grid}x{preset.grid}, hidden {preset.hidden}, "
-      f"{preset.n_hidden_layers} hidden layers, {preset.steps} steps after {preset.warmup} warm-up")
+print(device_line(info, preset))
 
 # %% [markdown]
 # ## The problem

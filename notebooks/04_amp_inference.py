@@ -48,7 +48,7 @@ import torch
 from tqdm.auto import tqdm
 
 from amp_tutorial.data import make_problem
-from amp_tutorial.device import describe_device, dtype_name, fp32_baseline, select_device
+from amp_tutorial.device import device_line, dtype_name, fp32_baseline, select_device
 from amp_tutorial.measure import (
     Comparison,
     activation_output_bytes,
@@ -64,9 +64,8 @@ from amp_tutorial.steps import make_train_step
 
 info = select_device()
 preset = get_preset(device_type=info.type)
-print(describe_device(info))
-print(f"preset {preset.name!r}: grid {preset.grid}, hidden {preset.hidden}, "
-      f"{preset.inference_steps} timed forward passes")
+print(device_line(info, preset, sizes=f"grid {preset.grid}, hidden {preset.hidden}, "
+                                    f"{preset.inference_steps} timed forward passes"))
 
 # %% [markdown]
 # ## A trained model

@@ -44,7 +44,7 @@ import torch
 from IPython.display import Markdown, display
 
 from amp_tutorial.data import make_problem
-from amp_tutorial.device import describe_device, dtype_name, select_device
+from amp_tutorial.device import device_line, dtype_name, select_device
 from amp_tutorial.exercises.train_loop import check_train_with_amp, train_fp32
 from amp_tutorial.models import seeded_conv_model
 from amp_tutorial.plots import plot_losses
@@ -53,8 +53,7 @@ from amp_tutorial.quiz import CORE_QUIZ
 
 info = select_device()
 preset = get_preset(device_type=info.type)
-print(describe_device(info))
-print(f"preset {preset.name!r}: {preset.description}")
+print(device_line(info, preset))
 assert info.amp_dtype is not None, "this torch has no usable autocast dtype here; upgrade torch"
 
 # %% [markdown]

@@ -44,15 +44,13 @@ from tqdm.auto import tqdm
 from amp_tutorial.autocast_policy import (
     BANNED,
     FP32,
-    FP32_OUT,
     NO_RULE,
     autocast_flags,
     autocast_policy,
     fake_tensors,
-    header_rules,
 )
 from amp_tutorial.data import make_problem
-from amp_tutorial.device import describe_device, dtype_name, select_device
+from amp_tutorial.device import device_line, dtype_name, select_device
 from amp_tutorial.exercises.contrastive_loss import check_contrastive_loss, make_cases
 from amp_tutorial.models import seeded_conv_model
 from amp_tutorial.presets import get_preset
@@ -63,8 +61,7 @@ info = select_device()
 preset = get_preset(device_type=info.type)
 amp_dtype = info.amp_dtype
 assert amp_dtype is not None, f"{info.device} has no usable AMP with this torch; try the CPU"
-print(describe_device(info))
-print(f"preset {preset.name!r}: grid {preset.grid}, hidden {preset.hidden}, {preset.steps} steps")
+print(device_line(info, preset))
 
 # %%
 inputs, targets = make_problem(preset.grid, info.device)
@@ -115,14 +112,22 @@ assert amp_losses[-1] < amp_losses[0]
 #   computed and stored in fp32 and keep their precision.
 
 # %%
-rules = header_rules()  # the CUDA/XPU lists of the installed torch's autocast_mode.h
-if rules is not None:
-    fp32_out = {"sum", "prod", "cumsum", "cumprod", "softmax.int", "log_softmax.int",
-                "linalg_vector_norm", "linalg_matrix_norm"}
-    assert all(rules[op] == FP32_OUT for op in fp32_out)
-    assert all(rules[op] == FP32 for op in ("exp", "log", "logsumexp", "layer_norm", "mse_loss"))
-    assert not {"mean", "max", "amax", "var", "std"} & set(rules)  # on no list
-    print("reductions with an fp32 output on CUDA/XPU:", ", ".join(sorted(fp32_out)))
+# An fp16 input under CUDA float16 autocast, on fake CUDA tensors (PyTorch's dispatcher and CUDA's
+# autocast rules, no GPU needed; lesson 01 explains fake tensors)
+with fake_tensors(), autocast_flags("cuda", torch.float16):
+    x = torch.ones(4, 8, device="cuda", dtype=torch.float16)
+    out = {"sum": x.sum(), "cumsum": x.cumsum(-1), "softmax": x.softmax(-1),
+           "log_softmax": x.log_softmax(-1), "vector_norm": torch.linalg.vector_norm(x),
+           "exp": x.exp(), "logsumexp": x.logsumexp(-1), "layer_norm": F.layer_norm(x, (8,)),
+           "mean": x.mean(), "amax": x.amax(-1), "var": x.var(),
+           "sum(dtype=float16)": x.sum(dtype=torch.float16)}
+for dtype in (torch.float32, torch.float16):
+    ops = [op for op, result in out.items() if result.dtype == dtype]
+    print(f"CUDA autocast gives {dtype_name(dtype)}: {', '.join(ops)}")
+fp32_ops = ["sum", "cumsum", "softmax", "log_softmax", "vector_norm", "exp", "logsumexp",
+            "layer_norm"]
+assert all(out[op].dtype == torch.float32 for op in fp32_ops)
+assert all(out[op].dtype == torch.float16 for op in ("mean", "amax", "var", "sum(dtype=float16)"))
 
 # %%
 # rms_norm under CUDA float16 autocast, on fake CUDA tensors (PyTorch's dispatcher, no GPU needed)

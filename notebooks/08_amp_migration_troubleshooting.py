@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from amp_tutorial.data import make_problem
-from amp_tutorial.device import describe_device, dtype_name, select_device, tf32_state
+from amp_tutorial.device import device_line, dtype_name, select_device, tf32_state
 from amp_tutorial.measure import saved_activation_bytes
 from amp_tutorial.models import seeded_conv_model
 from amp_tutorial.nonfinite import NonFiniteLossError, check_finite_loss, first_nonfinite_module
@@ -54,8 +54,7 @@ info = select_device()
 preset = get_preset(device_type=info.type)
 amp_dtype = info.amp_dtype
 assert amp_dtype is not None, f"{info.device} has no usable AMP with this torch; try the CPU"
-print(describe_device(info))
-print(f"preset {preset.name!r}: grid {preset.grid}, hidden {preset.hidden}, {preset.steps} steps")
+print(device_line(info, preset))
 
 # %%
 inputs, targets = make_problem(preset.grid, info.device)

@@ -48,12 +48,12 @@ from pathlib import Path
 from IPython.display import Markdown, display
 
 from amp_tutorial.checkpoint import load_checkpoint, parameter_hash
-from amp_tutorial.device import describe_device, select_device
+from amp_tutorial.device import device_line, select_device
 from amp_tutorial.models import ConvModel
 from amp_tutorial.presets import get_preset
 
 info = select_device()
-print(describe_device(info))
+print(device_line(info))
 scratch = tempfile.TemporaryDirectory(prefix="amp11_")  # removed when the kernel stops
 work_dir = Path(scratch.name)  # the DDP run writes its checkpoint and summary here
 SCRIPT = Path("../scripts/train_ddp.py").resolve()  # the course's programs sit beside notebooks/

@@ -45,7 +45,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from amp_tutorial.attention import attention_cost, attention_ops, backend_runs, fused_for_training
 from amp_tutorial.autocast_policy import has_autocast_kernel, trace_dtypes
-from amp_tutorial.device import describe_device, dtype_name, select_device
+from amp_tutorial.device import device_line, dtype_name, select_device
 from amp_tutorial.exercises.masked_attention import check_masked_attention
 from amp_tutorial.presets import get_preset
 
@@ -53,8 +53,8 @@ info = select_device()
 preset = get_preset(device_type=info.type)
 sizes = preset.transformer
 torch.manual_seed(0)  # every run starts from the same numbers
-print(describe_device(info))
-print(f"preset {preset.name!r}: {sizes}")
+print(device_line(info, preset, sizes=f"transformer d_model {sizes.d_model}, {sizes.n_heads} "
+                                    f"heads, batch {sizes.batch} x {sizes.seq_len} tokens"))
 
 # %% [markdown]
 # ## 1. Attention in float16: the two classic failures and their fixes

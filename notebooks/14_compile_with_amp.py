@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 from tqdm.auto import tqdm
 
-from amp_tutorial.device import describe_device, dtype_name, select_device
+from amp_tutorial.device import device_line, dtype_name, select_device
 from amp_tutorial.measure import Comparison, StepTimer, fresh_compile_cache
 from amp_tutorial.models import course_models
 from amp_tutorial.plots import plot_bars
@@ -56,8 +56,7 @@ preset = get_preset(device_type=info.type)
 LOW = torch.bfloat16 if torch.bfloat16 in info.amp_dtypes else info.amp_dtype
 assert LOW is not None, "this device/torch has no usable autocast dtype"
 torch.manual_seed(0)  # every run starts from the same numbers
-print(describe_device(info))
-print(f"preset {preset.name!r}; low-precision dtype for this lesson: {dtype_name(LOW)}")
+print(device_line(info, preset, dtype=LOW))
 
 # %% [markdown]
 # The two models and their data. The transformer is lesson 12's, at the preset's sizes

@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from amp_tutorial.device import describe_device, select_device
+from amp_tutorial.device import device_line, select_device
 from amp_tutorial.measure import Comparison, time_steps
 from amp_tutorial.models import course_models
 from amp_tutorial.plots import plot_losses
@@ -54,8 +54,7 @@ preset = get_preset(device_type=info.type)
 assert torch.bfloat16 in info.amp_dtypes or info.type in ("cpu", "cuda"), (
     f"{info.type} offers no bf16 here (see the device line); run this lesson with "
     "AMP_TUTORIAL_DEVICE=cpu")
-print(describe_device(info))
-print(f"preset {preset.name!r}: {preset.description}")
+print(device_line(info, preset))
 torch.manual_seed(0)  # every run starts from the same numbers
 make_conv, image_in, image_target, _ = course_models(preset, info.device)["ConvModel"]
 

@@ -44,7 +44,7 @@ import pandas as pd
 import torch
 
 from amp_tutorial.device import (
-    describe_device,
+    device_line,
     dtype_name,
     fp32_baseline,
     select_device,
@@ -65,8 +65,7 @@ preset = get_preset(device_type=info.type)
 LOW = torch.bfloat16 if torch.bfloat16 in info.amp_dtypes else info.amp_dtype
 assert LOW is not None, "this device/torch has no usable autocast dtype"
 torch.manual_seed(0)  # every run starts from the same numbers
-print(describe_device(info))
-print(f"preset {preset.name!r}; low-precision dtype for this lesson: {dtype_name(LOW)}")
+print(device_line(info, preset, dtype=LOW))
 
 # %% [markdown]
 # The two models and one batch of data for each: lesson 03's image problem (channels-last, as in

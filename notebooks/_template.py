@@ -29,14 +29,13 @@
 # %%
 import torch
 
-from amp_tutorial.device import describe_device, select_device
+from amp_tutorial.device import device_line, select_device
 from amp_tutorial.presets import get_preset
 
 info = select_device()
 preset = get_preset(device_type=info.type)
 torch.manual_seed(0)  # every run starts from the same numbers
-print(describe_device(info))
-print(f"preset {preset.name!r}: {preset.description}")
+print(device_line(info, preset))  # the device line: one line, details on request
 
 # %% [markdown]
 # ## 1. One section per question

@@ -26,10 +26,14 @@ import os
 import platform
 import warnings
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from amp_tutorial.host_memory import keep_freed_memory
+
+if TYPE_CHECKING:
+    from amp_tutorial.presets import Preset
 
 DEVICE_ENV = "AMP_TUTORIAL_DEVICE"
 DTYPE_ENV = "AMP_TUTORIAL_DTYPE"
@@ -367,7 +371,9 @@ def available_devices() -> list[str]:
 
 
 def describe_device(info: DeviceInfo | None = None) -> str:
-    """One line for the top of each notebook: which device, backend, and AMP dtypes.
+    """The device in full: which device, backend and AMP dtypes, and every note on them (why bf16
+    is or is not native, why there is no GPU, what was done to host memory). A lesson opens with
+    :func:`device_line`, whose ``verbose=True`` adds these notes.
     """
     info = info or select_device()
     scaler = "GradScaler needed" if info.needs_grad_scaler() else "no GradScaler needed"
@@ -375,6 +381,61 @@ def describe_device(info: DeviceInfo | None = None) -> str:
     if info.type == "cpu" and (problem := gpu_access_problem()):
         line += f". No GPU because {problem}"  # a GPU is there, but closed to this user
     return "\n  ".join((line, *info.notes))
+
+
+DETAILS_HINT = "details: print(device_line(info, verbose=True))"  # every lesson names it `info`
+
+
+def _bf16_here(info: DeviceInfo) -> str | None:
+    """A few words on bf16 for the device part of the line: native or emulated on a CPU, absent
+    on a GPU that lacks it (its note says why), nothing where it is native or unknown on a GPU."""
+    if info.type == "cpu":
+        if info.native_bf16 is None:
+            return "native bf16 unknown"
+        return "native bf16" if info.native_bf16 else "bf16 emulated, slower than fp32"
+    if any(note.startswith(BF16_NOT_OFFERED) for note in info.notes):
+        return "no native bf16"
+    return None
+
+
+def device_line(info: DeviceInfo, preset: Preset | None = None, *, dtype: torch.dtype | None = None,
+                sizes: str | None = None, verbose: bool = False) -> str:
+    """The one plain line a lesson opens with: the device, the autocast dtype, whether it needs a
+    GradScaler, and the preset's sizes, e.g. ``CPU (AMD EPYC, bf16 emulated, slower than fp32) ·
+    autocast bfloat16 · no GradScaler needed · preset 'small' (grid 128, hidden 64, 64 steps)``.
+
+    A GPU that is there but closed to this user (``gpu_access_problem``) and a dtype set by
+    ``AMP_TUTORIAL_DTYPE`` stay on the line; the other notes (:func:`describe_device`) come with
+    ``verbose=True``, which the line's last words say how to ask for. ``dtype``: the autocast dtype
+    the lesson uses where it is not the device's first; ``sizes``: the sizes the lesson uses, where
+    they are not the preset's image problem (``"grid 128, 64 steps"``).
+    """
+    bf16 = _bf16_here(info)
+    if info.type == "cpu":
+        where = f"CPU ({info.name}{', ' + bf16 if bf16 else ''})"
+    else:
+        where = f"{info.name} ({info.backend}, device '{info.device}'{', ' + bf16 if bf16 else ''})"
+    parts = [where]
+    used = dtype or info.amp_dtype
+    if used is None:
+        parts.append("no usable autocast dtype with this torch")
+    else:
+        said = str(used).removeprefix("torch.")
+        if dtype is not None and dtype != info.amp_dtype:
+            said += f" in this lesson (the device's first: {dtype_name(info.amp_dtype)})"
+        elif set_by := [n for n in info.notes if n.startswith(f"{DTYPE_ENV}=")]:
+            said += f" ({set_by[0].split(' ')[0]})"
+        parts += [f"autocast {said}",
+                  "GradScaler needed" if info.needs_grad_scaler(used) else "no GradScaler needed"]
+    if preset is not None:
+        shown = sizes or f"grid {preset.grid}, hidden {preset.hidden}, {preset.steps} steps"
+        parts.append(f"preset {preset.name!r} ({shown})")
+    if info.type == "cpu" and (problem := gpu_access_problem()):
+        parts.append(f"no GPU: {problem}")  # a GPU is there, but closed to this user
+    if not verbose:
+        return " · ".join((*parts, DETAILS_HINT))
+    details = [*info.notes, *([f"preset {preset.name!r}: {preset.description}"] if preset else [])]
+    return "\n  ".join((" · ".join(parts), f"{info}", *details))
 
 
 def has_fp32_precision_api() -> bool:

@@ -11,11 +11,14 @@ from contextlib import contextmanager
 import pytest
 import torch
 
+from amp_tutorial import device as device_module
 from amp_tutorial.device import (
     BF16_NOT_OFFERED,
+    DETAILS_HINT,
     DEVICE_ENV,
     DTYPE_ENV,
     ONEDNN_ISA_CAPS,
+    ClosedDeviceFile,
     DeviceInfo,
     DeviceNotAvailableError,
     _put_first,
@@ -24,6 +27,7 @@ from amp_tutorial.device import (
     available_devices,
     cpu_bf16_flags,
     describe_device,
+    device_line,
     dtype_name,
     fp32_baseline,
     has_fp32_precision_api,
@@ -34,6 +38,7 @@ from amp_tutorial.device import (
     tf32_in_use,
     tf32_state,
 )
+from amp_tutorial.presets import get_preset
 
 
 def test_cpu_is_always_available_and_last():
@@ -402,3 +407,44 @@ def test_a_gpu_without_native_bf16_says_why_in_a_note_of_its_own(monkeypatch):
     assert notes[0].startswith(BF16_NOT_OFFERED) and "compute capability 7.5" in notes[0]
     monkeypatch.setattr(device_module, "_cuda_bf16_native", lambda device: True)
     assert device_module._bf16_support(torch.device("cuda")) == (True, ())
+
+
+# --- the one line a lesson opens with -------------------------------------------------------
+EMULATING_CPU = DeviceInfo(torch.device("cpu"), "CPU", "AMD EPYC", (torch.bfloat16,), False,
+                           notes=("native bf16 on this CPU: no (...)", "host memory: ..."))
+
+
+def test_the_device_line_is_one_line_with_the_dtype_the_scaler_and_the_preset(monkeypatch):
+    monkeypatch.setattr(device_module, "closed_device_files", lambda *args: [])  # no GPU here
+    line = device_line(EMULATING_CPU, get_preset("small"))
+    assert "\n" not in line
+    assert line == ("CPU (AMD EPYC, bf16 emulated, slower than fp32) · autocast bfloat16 · "
+                    "no GradScaler needed · preset 'small' (grid 128, hidden 64, 64 steps) · "
+                    f"{DETAILS_HINT}")
+    assert "host memory" not in line  # the notes wait for verbose=True
+    fp16 = device_line(FAKE_H100, get_preset("paper"), sizes="d_model 512, 600 steps")
+    assert fp16.startswith("a fake H100 (CUDA 13.0, device 'cuda') · autocast float16 · "
+                           "GradScaler needed · preset 'paper' (d_model 512, 600 steps)")
+    bf16 = device_line(FAKE_H100, dtype=torch.bfloat16)  # a lesson that picks bf16 itself
+    assert "autocast bfloat16 in this lesson (the device's first: fp16) · no GradScaler" in bf16
+
+
+def test_the_device_line_keeps_a_gpu_closed_to_the_learner_in_view(monkeypatch):
+    monkeypatch.setattr(device_module, "closed_device_files",
+                        lambda *args: [ClosedDeviceFile("/dev/kfd", 44)])
+    line = device_line(EMULATING_CPU, get_preset("smoke"))
+    assert "\n" not in line and "autocast bfloat16" in line and "preset 'smoke'" in line
+    assert "no GPU: the GPU device files /dev/kfd (group 44) are closed to this user" in line
+    assert "fix:" in line
+
+
+def test_the_device_line_says_what_set_the_dtype_and_verbose_adds_the_notes(monkeypatch):
+    monkeypatch.setenv(DTYPE_ENV, "float16")
+    info = select_device("cpu")
+    line = device_line(info)
+    assert "autocast float16 (AMP_TUTORIAL_DTYPE=fp16) · GradScaler needed" in line
+    details = device_line(info, get_preset("smoke"), verbose=True).split("\n")
+    assert details[0] == line.removesuffix(f" · {DETAILS_HINT}") + " · preset 'smoke' (grid 32, " \
+        "hidden 16, 12 steps)"
+    assert [d.strip() for d in details[2:]] == [*info.notes, "preset 'smoke': "
+                                                  + get_preset("smoke").description]
