@@ -37,6 +37,7 @@ from amp_tutorial.ladder import (
     run_ladder,
     sweep,
     sweep_widths,
+    with_width,
 )
 from amp_tutorial.mfu import peak_for, percent
 from amp_tutorial.presets import UnknownPresetError, get_preset
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                         "$AMP_TUTORIAL_PRESET or auto)")
     parser.add_argument("--device", help="cuda, cpu, ... (default: the best available)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--width", type=int, help="the ladder's model width (a multiple of "
+                        "64, heads of 64 channels; default: the preset's)")
     parser.add_argument("--widths", nargs="+", type=int, help="the sweep's widths (default: "
                         "from a quarter to four times the preset's)")
     parser.add_argument("--budget", type=float, default=None,
@@ -128,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     except (DeviceNotAvailableError, UnknownPresetError) as err:
         parser.exit(2, f"error: {err}\n")
     sizes = preset.transformer
+    if args.width is not None:
+        try:
+            sizes = with_width(sizes, args.width)
+        except ValueError as err:
+            parser.exit(2, f"error: {err}\n")
     peak = peak_for(info.name, info.type)
     flags = cpu_bf16_flags() if info.type == "cpu" else None
     print(f"device: {info}" + (f"; CPU bf16 flags: {', '.join(flags) or 'none'}"
@@ -141,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = matmul_ceiling(info, SIZES[preset.name], "matmuls")
     print("\n".join(ceiling.lines()), flush=True)
     options = {"budget_s": args.run_budget, "max_steps": args.max_steps}
-    report = ladder_report(info, ceiling) | {"preset": preset.name, "cpu_bf16_flags": flags}
+    report = ladder_report(info, ceiling) | {"preset": preset.name, "cpu_bf16_flags": flags,
+                                             "width": sizes.d_model, "heads": sizes.n_heads}
     ladder_rows: list[RungResult] = []
     sweep_rows: list[SweepRow] = []
     if "ladder" in args.parts:

@@ -143,6 +143,14 @@ class RungResult:
         return out
 
 
+def with_width(sizes: TransformerSizes, width: int) -> TransformerSizes:
+    """``sizes`` with the model ``width`` wide, in heads of 64 channels (the sweep's rule): the
+    ladder at a width where matmuls dominate (``pdm run ladder --width 2048``)."""
+    if width < 64 or width % 64:
+        raise ValueError(f"width {width}: give a multiple of 64 (heads of 64 channels)")
+    return dataclasses.replace(sizes, d_model=width, n_heads=width // 64)
+
+
 def _config(sizes: TransformerSizes, d_model: int | None = None) -> TransformerConfig:
     width = d_model or sizes.d_model
     heads = sizes.n_heads if d_model is None else max(1, width // 64)

@@ -18,6 +18,7 @@ from amp_tutorial.ladder import (
     matmul_rate_tflops,
     run_ladder,
     run_step,
+    with_width,
 )
 from amp_tutorial.measure import Timing
 from amp_tutorial.presets import get_preset
@@ -63,6 +64,19 @@ def test_one_rung_measures_its_flops_rate_and_time_shares():
     bigger = run_step(info, sizes, dataclasses.replace(row.rung, batch_scale=2), None,
                       max_steps=3, budget_s=0.1, profile=False)
     assert bigger.utilization.flops == 2 * u.flops  # twice the tokens, twice the model FLOPs
+
+
+def test_the_ladder_runs_at_a_width_given_in_heads_of_64_channels():
+    info = select_device("cpu")
+    sizes = get_preset("smoke").transformer
+    wide = with_width(sizes, 2 * sizes.d_model)
+    assert (wide.d_model, wide.n_heads) == (2 * sizes.d_model, 2 * sizes.d_model // 64)
+    assert dataclasses.replace(wide, d_model=sizes.d_model, n_heads=sizes.n_heads) == sizes
+    rows = [run_step(info, s, Rung("fp32", "the baseline"), None, max_steps=2, budget_s=0.1,
+                     profile=False) for s in (sizes, wide)]
+    assert rows[1].utilization.flops > 2 * rows[0].utilization.flops  # matmuls grow as width^2
+    with pytest.raises(ValueError, match="multiple of 64"):
+        with_width(sizes, 100)
 
 
 def test_rungs_past_the_deadline_or_failing_are_rows_that_say_why(monkeypatch):
