@@ -48,7 +48,7 @@ from torch import nn
 from amp_tutorial.checkpoint import load_checkpoint, save_checkpoint
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import (
-    describe_device,
+    device_line,
     dtype_name,
     fp32_baseline,
     select_device,
@@ -57,6 +57,7 @@ from amp_tutorial.device import (
 from amp_tutorial.exercises.accumulation import check_train_accumulated
 from amp_tutorial.exercises.checkpoint_resume import check_save_and_load
 from amp_tutorial.models import seeded_conv_model
+from amp_tutorial.plots import plot_resume
 from amp_tutorial.presets import get_preset
 
 # %%
@@ -64,11 +65,10 @@ info = select_device()
 preset = get_preset(device_type=info.type)
 amp_dtype = info.amp_dtype
 assert amp_dtype is not None, f"{info.device} has no usable AMP with this torch; try the CPU"
-print(describe_device(info))
 # Recipes are about correctness, not speed: at most a 128x128 image (a quarter of the cpu
 # preset's) keeps every run short, also on CPUs that emulate bf16.
 GRID = min(preset.grid, 128)
-print(f"preset {preset.name!r}: grid {GRID}, hidden {preset.hidden}, {preset.steps} steps")
+print(device_line(info, preset, sizes=f"grid {GRID}, hidden {preset.hidden}, {preset.steps} steps"))
 
 # Bit-for-bit comparisons below need deterministic kernels; on GPUs, ask cuDNN for them.
 torch.backends.cudnn.deterministic = True
@@ -265,8 +265,7 @@ def train_steps(run: dict, n: int, use_amp: bool = True) -> list[float]:
     model, optimizer, scaler = run["model"], run["optimizer"], run["scaler"]
     losses = []
     for _ in range(n):
-        rows = torch.randperm(GRID, generator=run["data"])[: GRID // 4]
-        rows = rows.to(info.device)
+        rows = torch.randperm(GRID, generator=run["data"])[: GRID // 4].to(info.device)
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(info.type, dtype=amp_dtype, enabled=use_amp):
             loss = loss_fn(model(inputs[:, :, rows]), targets[:, :, rows])
@@ -280,7 +279,7 @@ def train_steps(run: dict, n: int, use_amp: bool = True) -> list[float]:
 # %%
 HALF = preset.steps // 2
 uninterrupted = start_run()
-train_steps(uninterrupted, 2 * HALF)
+straight = train_steps(uninterrupted, 2 * HALF)  # the loss of every step
 
 first_half = start_run()
 train_steps(first_half, HALF)
@@ -291,7 +290,7 @@ checkpoint = save_checkpoint(work_dir / "amp.pt", first_half["model"], first_hal
 resumed = start_run(seed=123)  # different initial weights: everything must come from the file
 extra = load_checkpoint(checkpoint, resumed["model"], resumed["optimizer"], resumed["scaler"])
 resumed["data"].set_state(extra["data_rng"])
-train_steps(resumed, 2 * HALF - extra["step"])
+after_resume = train_steps(resumed, 2 * HALF - extra["step"])
 
 print(f"scale after {2 * HALF} steps: uninterrupted {uninterrupted['scaler'].get_scale():.0f}, "
       f"resumed {resumed['scaler'].get_scale():.0f}")
@@ -301,8 +300,9 @@ assert resumed["scaler"].get_scale() > 2.0**10  # the scale did change during th
 
 # %% [markdown]
 # What goes wrong when part of the state is missing: resume without the scaler's state and the
-# scale restarts from its initial value; resume without the data generator's state and the
-# second half trains on different batches.
+# scale restarts from its initial value; resume without the data generator's state and the second
+# half trains on different batches. In the figure the resumed run (dashed) lies exactly on the
+# straight-through run, its difference (right) flat at 0; without the data state it is not.
 
 # %%
 no_scaler = start_run(seed=123)
@@ -317,9 +317,11 @@ train_steps(no_scaler, 2 * HALF - extra["step"])
 no_data_state = start_run(seed=123)
 load_checkpoint(checkpoint, no_data_state["model"], no_data_state["optimizer"],
                 no_data_state["scaler"])
-train_steps(no_data_state, 2 * HALF - extra["step"])
+other_batches = train_steps(no_data_state, 2 * HALF - extra["step"])
 assert not same_parameters(no_data_state["model"], uninterrupted["model"])
-print("missing scaler state -> scale differs; missing data state -> parameters differ")
+assert after_resume == straight[HALF:] != other_batches  # equal bit for bit; not without data
+fig = plot_resume(straight, {"resumed from the checkpoint": after_resume,
+                             "resumed without the data state": other_batches}, HALF, amp_dtype)
 
 # %% [markdown]
 # ### Exercise: write `save` and `load`

@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     learner_minutes: 25
+#     learner_minutes: 20
 #     memory:
 #       cpu: 146
 #       paper: 1030

@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     learner_minutes: 30
+#     learner_minutes: 25
 #     memory:
 #       cpu: 8
 #       paper: 16

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from amp_tutorial.attention import fused_for_training
-from amp_tutorial.device import describe_device, dtype_name, fp32_baseline, select_device
+from amp_tutorial.device import device_line, dtype_name, fp32_baseline, select_device
 from amp_tutorial.measure import (
     Comparison,
     StepTimer,
@@ -57,7 +57,7 @@ from amp_tutorial.measure import (
     saved_activation_bytes,
     timing_columns,
 )
-from amp_tutorial.plots import plot_bars, plot_losses
+from amp_tutorial.plots import plot_bars, plot_block_dtypes, plot_losses
 from amp_tutorial.presets import get_preset
 from amp_tutorial.reversal_task import IGNORE_INDEX, make_transformer_problem, sequence_loss
 from amp_tutorial.steps import make_sequence_train_step, sequence_accuracy
@@ -68,8 +68,9 @@ info = select_device()
 preset = get_preset(device_type=info.type)
 sizes = preset.transformer
 torch.manual_seed(0)  # every run starts from the same numbers
-print(describe_device(info))
-print(f"preset {preset.name!r}: {sizes}")
+print(device_line(info, preset, sizes=f"transformer d_model {sizes.d_model}, {sizes.n_layers} "
+                                    f"layers, batch {sizes.batch} x {sizes.seq_len} tokens, "
+                                    f"{sizes.steps} steps"))
 
 # %% [markdown]
 # ## The task and the model
@@ -245,7 +246,7 @@ fig = plot_bars(bars, f"Transformer training on {info.type}: fp32 vs AMP")
 # `_to_copy` casts autocast inserts. Here: one block, then the head and the loss, under autocast.
 
 # %%
-from amp_tutorial.autocast_policy import trace_dtypes
+from amp_tutorial.autocast_policy import trace_dtypes, trace_module
 from amp_tutorial.kernels import has_device_kernel
 
 amp_dtype = info.amp_dtype
@@ -253,11 +254,22 @@ low = dtype_name(amp_dtype)
 probe = DecoderTransformer(config).to(info.device)
 x = probe.tok_emb(inputs) + probe.pos_emb(torch.arange(inputs.shape[1], device=info.device))
 with torch.autocast(device_type=info.type, dtype=amp_dtype):
-    block_ops = trace_dtypes(lambda: probe.blocks[0](x))
+    block_ops = trace_module(probe.blocks[0], x)  # each op tagged with the module that ran it
     loss_ops = trace_dtypes(lambda: sequence_loss(probe.head(probe.ln_f(x)), targets))
 trace = pd.DataFrame([{"op": t.op, "inputs": ", ".join(t.inputs), "output": t.output}
                       for t in block_ops + loss_ops])
 trace
+
+# %% [markdown]
+# The block's part of that trace as a picture: one box per op, top to bottom, in the colour of the
+# dtype it gave, named by the module that ran it; the casts autocast inserted (the weights, and the
+# input, to the low dtype) are folded into the op they feed and counted on its right. The linear
+# layers (and attention, where SDPA runs fused) take the low dtype's colour; the two layer norms
+# and the two residual adds stay blue: the residual stream is float32.
+
+# %%
+fig = plot_block_dtypes(block_ops, f"Block 0 under autocast ({low}) on {info.type}: the dtype "
+                        "each op gave")
 
 # %% [markdown]
 # How to read it (asserted below for this device):

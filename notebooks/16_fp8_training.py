@@ -44,10 +44,11 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from amp_tutorial.device import describe_device, dtype_name, select_device
+from amp_tutorial.device import device_line, dtype_name, select_device
 from amp_tutorial.measure import StepTimer
 from amp_tutorial.models import course_models
 from amp_tutorial.op_profile import compiled_op_count, cpu_scaled_mm_uses_onednn, op_counts
+from amp_tutorial.plots import plot_dtype_ranges
 from amp_tutorial.presets import get_preset
 from amp_tutorial.reversal_task import sequence_loss
 from amp_tutorial.versions import torchao_for
@@ -55,8 +56,7 @@ from amp_tutorial.versions import torchao_for
 info = select_device()
 preset = get_preset(device_type=info.type)
 torch.manual_seed(0)  # every run starts from the same numbers
-print(describe_device(info))
-print(f"preset {preset.name!r}: {preset.description}")
+print(device_line(info, preset))
 
 # %% [markdown]
 # ## 1. The FP8 formats, and why they need a scale
@@ -81,6 +81,17 @@ assert torch.finfo(torch.float8_e4m3fn).max == 448 and torch.finfo(torch.float8_
 assert torch.finfo(torch.float8_e4m3fn).eps == 2**-3 and torch.finfo(torch.float8_e5m2).eps == 2**-2
 assert torch.finfo(torch.float8_e4m3fnuz).max == 240
 formats
+
+# %% [markdown]
+# The same limits on one line of powers of two, with fp32 for comparison. From the smallest
+# subnormal to the largest value, fp32 spans 277 powers of two, bf16 261, fp16 40, e5m2 32 and
+# e4m3fn not even 18 (2^-9 to 448): a tensor whose values spread wider than that loses its smallest
+# or its largest values in FP8, whatever the scale; a scale only slides the window. The olive part
+# is each format's subnormal range, where precision runs out bit by bit.
+
+# %%
+fig = plot_dtype_ranges([torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn,
+                         torch.float8_e5m2], "FP8's range beside the 16- and 32-bit formats")
 
 # %% [markdown]
 # A value past the largest one does not behave alike in the three formats when you cast it with

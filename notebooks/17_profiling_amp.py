@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     learner_minutes: 50
+#     learner_minutes: 45
 #     memory:
 #       cpu: 323
 #       paper: 3517

@@ -539,6 +539,29 @@ def trace_dtypes(fn: Callable[[], object], where: Callable[[], str] | None = Non
     return recorder.ops
 
 
+def trace_module(module: torch.nn.Module, *inputs: torch.Tensor) -> list[OpTrace]:
+    """``trace_dtypes`` of ``module(*inputs)``, each op tagged with the submodule that ran it
+    ("attn.qkv"; "" for code in ``module``'s own forward, such as a residual add). Forward hooks
+    name the running module; they are removed before this returns.
+    """
+    names = {m: n for n, m in module.named_modules()}
+    stack: list[str] = []
+
+    def enter(mod: torch.nn.Module, _args: object) -> None:
+        stack.append(names[mod])
+
+    def leave(_mod: torch.nn.Module, _args: object, _out: object) -> None:
+        stack.pop()
+
+    handles = [h for m in names for h in (m.register_forward_pre_hook(enter),
+                                          m.register_forward_hook(leave))]
+    try:
+        return trace_dtypes(lambda: module(*inputs), where=lambda: stack[-1] if stack else "")
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 # A child process tries one autograd op on a fake tensor of the device: where this torch build
 # has no device guard for it (mps, xpu, or cuda in a CPU-only build), that aborts the process.
 _FAKE_AUTOGRAD_CHECK = """

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
@@ -39,6 +41,9 @@ MARKS: dict[str, str] = {  # colours of things that are not runs
     "memory-bound": "#e7ba52",  # gold
     "optimizer": "#843c39",  # dark red
     "idle": "#d9d9d9",  # light grey
+    # autocast's rules that name no dtype (plot_autocast_rules); the others take a dtype's colour
+    "widest input": "#a55194",  # plum: promote, mixed inputs cast to the widest of them
+    "no rule": "#eeeeee",  # near white: on no list, the op runs in the dtype it is given
 }
 
 # how labels name each dtype; the earliest name in a label wins ("AMP bf16 (fp32 weights)": bf16)
@@ -105,12 +110,15 @@ def _sparse_markers(style: dict, n: int, index: int) -> dict:
     return {**style, "markevery": (index * every // 3 % every, every)}
 
 
-def plot_dtype_ranges(dtypes: Sequence[torch.dtype] = FLOAT_DTYPES) -> Figure:
-    """Log2 of the smallest subnormal, smallest normal and largest value of each dtype.
+def plot_dtype_ranges(dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
+                      title: str = "Representable magnitudes by dtype") -> Figure:
+    """Log2 of the smallest subnormal, smallest normal and largest value of each dtype (from
+    ``torch.finfo``), one bar each: subnormal part olive, normal part in the dtype's colour, the
+    smallest subnormal written at its left end, the largest value and eps at its right.
     """
     from amp_tutorial.device import dtype_name
 
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(dtypes) + 1.65))
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(dtypes) + 1.9))
     for row, dtype in enumerate(dtypes):
         fi = torch.finfo(dtype)
         low, normal, high = np.log2([fi.smallest_normal * fi.eps, fi.smallest_normal, fi.max])
@@ -118,14 +126,23 @@ def plot_dtype_ranges(dtypes: Sequence[torch.dtype] = FLOAT_DTYPES) -> Figure:
                 label="subnormal (fewer significant bits)" if row == 0 else None)
         ax.plot([normal, high], [row, row], color=colour_for(dtype), lw=7,
                 solid_capstyle="butt", label="normal (in the dtype's colour)" if row == 0 else None)
-        ax.text(high + 3, row, f"eps = 2^{int(np.log2(fi.eps))}", va="center", fontsize=8)
+        ax.annotate(f"2^{low:.0f}", (low, row), xytext=(-4, 0), textcoords="offset points",
+                    ha="right", va="center", fontsize=8)
+        largest = f"{fi.max:,.0f}" if fi.max < 1e6 else f"{fi.max:.2g}"
+        ax.annotate(f"max {largest}, eps 2^{int(np.log2(fi.eps))}", (high, row), xytext=(4, 0),
+                    textcoords="offset points", va="center", fontsize=8)
     ax.set_yticks(range(len(dtypes)), [dtype_name(d) for d in dtypes])
     for tick, dtype in zip(ax.get_yticklabels(), dtypes, strict=True):
         tick.set_color(colour_for(dtype))
     ax.set_ylim(len(dtypes) - 0.4, -0.6)  # first dtype on top
-    ax.set_xlabel("magnitude (log2 scale, powers of two)")
-    ax.set_title("Representable magnitudes by dtype")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.12, 1.0), fontsize=8)
+    ends = np.log2([[torch.finfo(d).smallest_normal * torch.finfo(d).eps, torch.finfo(d).max]
+                    for d in dtypes])
+    span = ends.max() - ends.min()
+    ax.set_xlim(ends.min() - 0.1 * span, ends.max() + 0.3 * span)  # room for the labels
+    ax.set_xlabel("magnitude (log2 scale, powers of two: 2^-24 is about 6e-8)")
+    ax.set_title(title)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8, ncols=2,
+              frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
@@ -419,5 +436,155 @@ def plot_sweep(curves: Mapping[str, Mapping[int, tuple[float, float]]], title: s
     right.set(title="AMP speedup over fp32 (t_fp32 / t_AMP)", xlabel="width (d_model)",
               ylabel="speedup")
     fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# the ops of lesson 01's op x device map: one or two of each kind of rule
+AUTOCAST_MAP_OPS = ("matmul (a @ b)", "conv2d", "add (a + b)", "exp", "softmax", "sum",
+                    "layer_norm", "batch_norm", "cat", "addcmul", "mse_loss",
+                    "binary_cross_entropy")
+
+
+def _ink(colour: str) -> str:
+    """Black or white, whichever reads better on ``colour``."""
+    r, g, b = to_rgb(colour)
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
+
+
+def plot_autocast_rules(rules: Mapping[str, Mapping[str, str]], low: torch.dtype,
+                        ops: Sequence[str] = AUTOCAST_MAP_OPS, title: str | None = None) -> Figure:
+    """Autocast's rule for each op (rows) on each device (columns), one cell each, in the colour of
+    the dtype the op runs in: ``low``'s where autocast lowers it, fp32's where it keeps float32;
+    promote, refused and no rule in their ``MARKS``. ``rules``: device -> op -> the rule
+    ``autocast_policy`` found (a DataFrame with op rows and device columns works too).
+    """
+    from amp_tutorial import autocast_policy as rule_of
+    from amp_tutorial.device import dtype_name
+
+    if hasattr(rules, "to_dict"):  # a DataFrame: {column: {row: value}}
+        rules = rules.to_dict()
+    name = dtype_name(low)
+    look = {  # rule -> (colour, the cell's words, the legend's words)
+        rule_of.LOWERED: (colour_for(low), name, f"{name}: inputs cast down to {name}"),
+        rule_of.FP32: (PALETTE["fp32"], "fp32", "fp32: inputs cast up to fp32"),
+        rule_of.FP32_OUT: (PALETTE["fp32"], "fp32*", "fp32*: fp32 unless you pass dtype="),
+        rule_of.PROMOTE: (MARKS["widest input"], "widest",
+                          "widest: mixed inputs cast to the widest"),
+        rule_of.BANNED: (MARKS["lost"], "refused", "refused: raises under autocast"),
+        rule_of.NO_RULE: (MARKS["no rule"], "as given", "as given: on no list, no cast"),
+        rule_of.HAS_RULE: (MARKS["normal"], "a rule", "a rule: registered, not probed"),
+    }
+    devices = list(rules)
+    fig, ax = plt.subplots(figsize=(max(1.35 * len(devices) + 2.4, 7.0), 0.34 * len(ops) + 2.3))
+    shown = []
+    for col, device in enumerate(devices):
+        for row, op in enumerate(ops):
+            rule = rules[device][op]
+            colour, words, _ = look[rule]
+            ax.add_patch(plt.Rectangle((col, row), 1, 1, facecolor=colour, edgecolor="white",
+                                       lw=2, hatch="//" if rule == rule_of.FP32_OUT else None))
+            ax.text(col + 0.5, row + 0.5, words, ha="center", va="center", fontsize=8,
+                    color=_ink(colour), bbox={"facecolor": colour, "lw": 0, "pad": 3})
+            shown.append(rule)
+    ax.set_xlim(0, len(devices))
+    ax.set_ylim(len(ops), 0)
+    ax.set_xticks([c + 0.5 for c in range(len(devices))], devices)
+    ax.set_yticks([r + 0.5 for r in range(len(ops))], ops, fontsize=9)
+    ax.xaxis.tick_top()
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    present = [rule for rule in look if rule in shown]
+    hatched = {rule_of.FP32_OUT}
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, facecolor=look[r][0], edgecolor=MARKS["normal"],
+                                     hatch="//" if r in hatched else None) for r in present],
+              labels=[look[r][2] for r in present], fontsize=8, ncols=2,
+              loc="upper center", bbox_to_anchor=(0.4, -0.02), frameon=False)
+    ax.set_title(title or f"What autocast does to each op, by device ({name} as its dtype)",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_resume(straight: Sequence[float], resumed: Mapping[str, Sequence[float]],
+                resumed_at: int, dtype: str | torch.dtype | None = None,
+                title: str = "Resuming from a checkpoint") -> Figure:
+    """Left: the loss per step of a run trained straight through, and of each run resumed from a
+    checkpoint saved after step ``resumed_at`` (its steps ``resumed_at + 1`` on), dashed with
+    markers over it. Right: each resumed loss minus the straight one, step by step, on a linear
+    axis: an exact resume is a flat line at 0. ``dtype``: the runs' dtype, for their colour.
+    """
+    names = ["straight through", *resumed]
+    styles = _line_styles(names, dtype)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.4))
+    straight = [float(v) for v in straight]
+    left.plot(range(1, len(straight) + 1), straight, label=names[0], **styles[0])
+    for i, (name, style) in enumerate(zip(names[1:], styles[1:], strict=True), start=1):
+        losses = [float(v) for v in resumed[name]]
+        steps = range(resumed_at + 1, resumed_at + len(losses) + 1)
+        left.plot(steps, losses, label=name, **_sparse_markers(style, len(losses), i))
+        diff = [a - b for a, b in zip(losses, straight[resumed_at:], strict=False)]
+        worst = max((abs(d) for d in diff), default=0.0)
+        right.plot(steps[:len(diff)], diff, **_sparse_markers(style, len(diff), i),
+                   label=f"{name}: largest |difference| {worst:.2g}")
+    for ax in (left, right):
+        ax.axvline(resumed_at + 0.5, color=MARKS["normal"], ls=":", lw=1.5,
+                   label=f"checkpoint saved after step {resumed_at}" if ax is left else None)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
+    right.axhline(0.0, color=MARKS["normal"], lw=1)
+    right.set_xlim(resumed_at, left.get_xlim()[1])
+    log = use_log_scale(straight)
+    left.set(title="loss per step", xlabel="training step", ylabel=_scale_label("loss", log),
+             yscale="log" if log else "linear")
+    right.set(title="resumed minus straight through", xlabel="training step",
+              ylabel="loss difference")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_block_dtypes(ops: Sequence[object], title: str) -> Figure:
+    """The ops of one forward pass in order, top to bottom, one box each in the colour of the
+    dtype it gave, named by the module that ran it (``OpTrace.where``, from ``trace_module``);
+    the casts autocast inserted before an op are folded into it and counted on its right.
+    """
+    rows, casts = [], []
+    for t in ops:
+        if t.op == "_to_copy":
+            casts.append(t)
+            continue
+        rows.append((t, casts))
+        casts = []
+    rows += [(t, []) for t in casts]  # casts with no op after them
+    fig, ax = plt.subplots(figsize=(10, 0.42 * len(rows) + 1.7))
+    shown = []
+    for y, (t, before) in enumerate(rows):
+        key = palette_key(t.output)
+        shown.append(key)
+        ax.add_patch(plt.Rectangle((0, y + 0.15), 0.48, 0.7, facecolor=PALETTE[key],
+                                   edgecolor="white"))
+        name = f"{t.where}: {t.op}" if t.where else f"{t.op} (in the module's own forward)"
+        ax.text(0.01, y + 0.5, name, va="center", fontsize=8, color=_ink(PALETTE[key]))
+        note = f"in {', '.join(t.inputs)} -> out {t.output}"
+        if before:
+            pairs = Counter(f"{c.inputs[0]} -> {c.output}" for c in before)
+            note += "   (autocast cast " + ", ".join(
+                f"{k} input{'s' if k > 1 else ''} {p}" for p, k in pairs.items()) + " first)"
+        ax.text(0.5, y + 0.5, note, va="center", fontsize=8)
+        if y:
+            ax.annotate("", xy=(0.24, y + 0.15), xytext=(0.24, y - 0.15),
+                        arrowprops={"arrowstyle": "->", "color": MARKS["normal"]})
+    ax.set(xlim=(0, 1), ylim=(len(rows), 0), xticks=[], yticks=[])
+    ax.set_ylabel("forward pass, in order (top first)")
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    present = [k for k in PALETTE if k in shown]
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=PALETTE[k]) for k in present],
+              labels=[f"output in {k}" for k in present], fontsize=8, loc="lower right",
+              bbox_to_anchor=(1.0, 1.0), ncols=len(present), frameon=False)
+    ax.set_title(textwrap.fill(title, 90), loc="left", fontsize=10, pad=14)
     fig.tight_layout()
     return fig

@@ -14,6 +14,18 @@ import torch  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 
 from amp_tutorial import plots  # noqa: E402
+from amp_tutorial.autocast_policy import (  # noqa: E402
+    BANNED,
+    FP32,
+    FP32_OUT,
+    HAS_RULE,
+    LOWERED,
+    NO_RULE,
+    PROMOTE,
+    OpTrace,
+    autocast_policy,
+    trace_module,
+)
 from amp_tutorial.plots import MARKS, PALETTE, colour_for, palette_key, use_log_scale  # noqa: E402
 
 
@@ -67,6 +79,13 @@ ROWS = [{"op": "aten::addmm", "input dtypes": "bf16, bf16, bf16", "self time (us
          "self time (us)": 1000.0},
         {"op": "aten::mm", "input dtypes": "fp16, fp32", "self time (us)": 500.0}]
 IMAGE = torch.rand(1, 1, 8, 8)
+RULES = {"cpu": {"mm": LOWERED, "exp": NO_RULE, "cat": PROMOTE, "loss": FP32},
+         "cuda": {"mm": LOWERED, "exp": FP32, "cat": NO_RULE, "loss": BANNED},
+         "mps": {"mm": LOWERED, "exp": FP32_OUT, "cat": HAS_RULE, "loss": NO_RULE}}
+BLOCK = [OpTrace("native_layer_norm", ("fp32",), "fp32", "ln"),
+         OpTrace("_to_copy", ("fp32",), "bf16", "fc"), OpTrace("_to_copy", ("fp32",), "bf16", "fc"),
+         OpTrace("addmm", ("bf16", "bf16"), "bf16", "fc"),
+         OpTrace("add", ("fp32", "bf16"), "fp32", "")]
 SAMPLES = {  # small inputs for each public plotting helper
     "plot_dtype_ranges": lambda: plots.plot_dtype_ranges(
         (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)),
@@ -90,6 +109,12 @@ SAMPLES = {  # small inputs for each public plotting helper
     "plot_time_shares": lambda: plots.plot_time_shares(
         {"fp32": {"matmul": 0.7, "attention": 0.1, "memory-bound": 0.1, "optimizer": 0.05,
                   "idle": 0.05}}, "shares"),
+    "plot_autocast_rules": lambda: plots.plot_autocast_rules(
+        RULES, torch.bfloat16, ops=["mm", "exp", "cat", "loss"]),
+    "plot_resume": lambda: plots.plot_resume(
+        [1.0, 0.8, 0.7, 0.6], {"resumed": [0.7, 0.6], "resumed, other data": [0.75, 0.6]}, 2,
+        dtype=torch.float16),
+    "plot_block_dtypes": lambda: plots.plot_block_dtypes(BLOCK, "one block"),
     "plot_sweep": lambda: plots.plot_sweep(
         {"fp32, 512 tokens": {64: (0.5, 0.02), 128: (0.6, 0.05)},
          "AMP bf16, 512 tokens": {64: (0.1, 0.03), 128: (0.3, 0.02)}}, "sweep", "MFU"),
@@ -307,3 +332,108 @@ def test_scale_history_of_one_run_marks_the_given_skips_and_step():
     assert marked.get_offsets().tolist() == [[1.0, 2.0]]  # step 1 left the scale at 4 = 2^2
     assert any(line.get_label().startswith("inf injected") and line.get_xdata()[0] == 1
                for line in ax.get_lines())
+
+
+def test_dtype_ranges_draw_each_formats_finfo_limits_fp8_included():
+    dtypes = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
+    ax = plots.plot_dtype_ranges(dtypes).axes[0]
+    lines = ax.get_lines()
+    for row, dtype in enumerate(dtypes):
+        fi = torch.finfo(dtype)
+        subnormal, normal = lines[2 * row], lines[2 * row + 1]
+        assert list(subnormal.get_xdata()) == pytest.approx(
+            np.log2([fi.smallest_normal * fi.eps, fi.smallest_normal]))
+        assert list(normal.get_xdata()) == pytest.approx(np.log2([fi.smallest_normal, fi.max]))
+        assert to_rgb(normal.get_color()) == to_rgb(colour_for(dtype))
+    assert np.log2(448) == pytest.approx(lines[7].get_xdata()[1])  # e4m3fn stops at 448
+    labels = [t.get_text() for t in ax.texts]
+    assert "max 448, eps 2^-3" in labels and "max 57,344, eps 2^-2" in labels
+    assert "2^-9" in labels and "2^-16" in labels  # e4m3fn's and e5m2's smallest subnormals
+    lo, hi = ax.get_xlim()
+    assert lo < np.log2(torch.finfo(torch.float32).smallest_normal * 2.0**-23) and hi > 128
+
+
+def _cells(ax) -> dict[tuple[int, int], tuple]:
+    """(column, row) -> RGB of each cell of the op x device map."""
+    return {(round(p.get_x()), round(p.get_y())): to_rgb(p.get_facecolor()) for p in ax.patches}
+
+
+def test_autocast_rules_colour_each_cell_by_the_rule_it_was_given():
+    ax = SAMPLES["plot_autocast_rules"]().axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["cpu", "cuda", "mps"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["mm", "exp", "cat", "loss"]
+    colour = {LOWERED: PALETTE["bf16"], FP32: PALETTE["fp32"], FP32_OUT: PALETTE["fp32"],
+              PROMOTE: MARKS["widest input"], BANNED: MARKS["lost"], NO_RULE: MARKS["no rule"],
+              HAS_RULE: MARKS["normal"]}
+    cells = _cells(ax)
+    for col, device in enumerate(RULES):
+        for row, op in enumerate(["mm", "exp", "cat", "loss"]):
+            assert cells[(col, row)] == to_rgb(colour[RULES[device][op]]), (device, op)
+    hatched = [p for p in ax.patches if p.get_hatch()]
+    assert [(round(p.get_x()), round(p.get_y())) for p in hatched] == [(2, 1)]  # fp32 unless dtype=
+    words = {t.get_text() for t in ax.texts}
+    assert {"bf16", "fp32", "fp32*", "widest", "refused", "as given"} <= words
+    fp16 = plots.plot_autocast_rules(RULES, torch.float16, ops=["mm"]).axes[0]
+    assert set(_cells(fp16).values()) == {to_rgb(PALETTE["fp16"])}  # lowered: the dtype given
+
+
+def test_autocast_rules_of_the_probe_colour_matmul_low_and_exp_by_device():
+    rules = {d: {r.op: r.verdict for r in autocast_policy(d, torch.bfloat16)}
+             for d in ("cpu", "cuda")}
+    ax = plots.plot_autocast_rules(rules, torch.bfloat16).axes[0]
+    rows = [t.get_text() for t in ax.get_yticklabels()]
+    cells = _cells(ax)
+    mm, add, exp = (rows.index(op) for op in ("matmul (a @ b)", "add (a + b)", "exp"))
+    assert cells[(0, mm)] == cells[(1, mm)] == to_rgb(PALETTE["bf16"])
+    assert cells[(0, add)] == cells[(1, add)] == to_rgb(MARKS["no rule"])  # type promotion only
+    assert (cells[(0, exp)], cells[(1, exp)]) == (to_rgb(MARKS["no rule"]), to_rgb(PALETTE["fp32"]))
+
+
+def test_resume_overlaps_the_straight_run_visibly_and_plots_the_difference():
+    straight = [1.0, 0.8, 0.7, 0.6, 0.5]
+    fig = plots.plot_resume(straight, {"resumed": straight[2:], "wrong data": [0.7, 0.65, 0.5]}, 2)
+    left, right = fig.axes
+    reference, resumed, wrong, checkpoint = left.get_lines()
+    assert list(resumed.get_xdata()) == [3, 4, 5] and list(resumed.get_ydata()) == straight[2:]
+    assert resumed.get_linestyle() != "-" and resumed.get_marker() not in ("None", "")
+    assert resumed.get_zorder() > reference.get_zorder() and reference.get_linestyle() == "-"
+    assert checkpoint.get_xdata()[0] == 2.5 and "after step 2" in checkpoint.get_label()
+    same, differs = right.get_lines()[:2]
+    assert list(same.get_ydata()) == [0.0, 0.0, 0.0]
+    assert list(differs.get_ydata()) == pytest.approx([0.0, 0.05, 0.0])
+    assert same.get_label().endswith("largest |difference| 0")
+    assert "largest |difference| 0.05" in differs.get_label()
+    assert right.get_yscale() == left.get_yscale() == "linear"
+    fig.canvas.draw()
+    for ax in (left, right):
+        assert all(float(t).is_integer() for t in ax.get_xticks())
+
+
+def test_block_dtypes_one_box_per_op_casts_folded_coloured_by_output():
+    ax = SAMPLES["plot_block_dtypes"]().axes[0]
+    boxes = [to_rgb(p.get_facecolor()) for p in ax.patches]
+    assert boxes == [to_rgb(PALETTE[k]) for k in ("fp32", "bf16", "fp32")]  # 2 casts folded in
+    words = [t.get_text() for t in ax.texts]
+    assert "fc: addmm" in words and any("2 inputs fp32 -> bf16" in w for w in words)
+    assert any(w.startswith("add (") for w in words)  # in the module's own forward
+
+
+def test_block_dtypes_of_a_real_block_under_cpu_autocast():
+    from amp_tutorial.transformer import Block
+
+    torch.manual_seed(0)
+    block = Block(d_model=16, n_heads=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ops = trace_module(block, torch.randn(2, 4, 16))
+    assert not block._forward_hooks and not block.ln1._forward_pre_hooks  # hooks removed
+    assert [t.where for t in ops if t.op == "addmm"] == ["attn.qkv", "attn.proj", "mlp.fc",
+                                                         "mlp.proj"]
+    ax = plots.plot_block_dtypes(ops, "block").axes[0]
+    names = [t.get_text() for t in ax.texts if ":" in t.get_text() or "(in the" in t.get_text()]
+    colours = [to_rgb(p.get_facecolor()) for p in ax.patches]
+    assert len(names) == len(colours)
+    for name, colour in zip(names, colours, strict=True):
+        if "addmm" in name:
+            assert colour == to_rgb(PALETTE["bf16"]), name
+        if "layer_norm" in name or name.startswith("add ("):  # residual stream stays fp32
+            assert colour == to_rgb(PALETTE["fp32"]), name
