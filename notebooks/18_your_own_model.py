@@ -48,15 +48,14 @@ from torch import nn
 
 from amp_tutorial.ceiling import SIZES, matmul_ceiling
 from amp_tutorial.checkup import FP16_MAX, FP16_TINY, CheckupError, amp_checkup
-from amp_tutorial.device import describe_device, dtype_name, select_device
+from amp_tutorial.device import device_line, dtype_name, select_device
 from amp_tutorial.models import course_models
 from amp_tutorial.plots import plot_losses
 from amp_tutorial.presets import get_preset
 
 info = select_device()
 preset = get_preset(device_type=info.type)
-print(describe_device(info))
-print(f"preset {preset.name!r}: {preset.description}")
+print(device_line(info, preset))
 torch.manual_seed(0)  # every run starts from the same numbers
 pd.set_option("display.max_colwidth", None)  # the reasons in full
 STEPS = max(3, min(preset.steps // 3, 8))  # training steps per precision, the first untimed
@@ -68,16 +67,21 @@ print("\n".join(ceiling.lines()))
 # ## 1. The check-up on a model you know: which dtype, and why
 #
 # The ConvModel of lessons 03-06, with its image and MSE loss. The summary says which dtype the
-# check-up recommends for this device and why, whether that dtype needs a GradScaler, and the
-# TF32 setting of the fp32 baseline (NVIDIA only).
+# check-up recommends for this device and why (bf16 wherever the device computes it natively, as
+# an NVIDIA GPU from Ampere on does: fp32's exponent range, no GradScaler; otherwise the device's
+# first AMP dtype), whether that dtype needs a GradScaler, and the TF32 setting of the fp32
+# baseline (NVIDIA only). Without `dtype=...` the check-up checks the dtype it recommends.
 
 # %%
+from amp_tutorial.checkup import recommended_dtype
+
 conv = course_models(preset, info.device)["ConvModel"]
 conv_report = amp_checkup(conv.make(), (conv.inputs, conv.targets), conv.loss_fn,
                           steps=STEPS, ceiling=ceiling)
-assert conv_report.amp_dtype == dtype_name(info.amp_dtype)  # the device's preferred AMP dtype
-assert conv_report.recommended.startswith(f"{dtype_name(info.amp_dtype)}: ")
-assert conv_report.grad_scaler == info.needs_grad_scaler()  # fp16 needs one, bf16 does not
+recommended = recommended_dtype(info)  # bf16 where native, else the device's first AMP dtype
+assert conv_report.amp_dtype == dtype_name(recommended)  # checked: the recommended dtype
+assert conv_report.recommended.startswith(f"{dtype_name(recommended)}: ")
+assert conv_report.grad_scaler == info.needs_grad_scaler(recommended)  # fp16 needs one
 assert conv_report.flagged == [] and conv_report.fp16_overflows == []
 assert conv_report.agrees, (conv_report.output_rel_diff, conv_report.loss_rel_gap)
 pd.DataFrame(conv_report.summary_rows()).fillna("")
@@ -102,16 +106,22 @@ ranges
 #
 # The check-up traces one AMP step below autocast (lesson 17's dtype spy) and groups the ops by
 # the module that ran them, the loss and the backward pass apart. On the course's transformer the
-# linear layers run their `addmm` in the low dtype, while the layer norms get the fp32 residual
+# linear layers run their matmul in the low dtype (`addmm` where `linear` is only a body that
+# calls it: CPU, CUDA, XPU; `linear` itself on MPS, which has a kernel of its own for it, as
+# `amp_tutorial.kernels` asks the dispatcher), while the layer norms get the fp32 residual
 # stream (a low-precision output plus an fp32 input promotes to fp32) and run in fp32.
 
 # %%
+from amp_tutorial.kernels import has_device_kernel
+
+# the op a Linear shows up as on this device: MPS dispatches aten::linear to its own kernel
+linear_op = "linear" if has_device_kernel("aten::linear", info.type) else "addmm"
 tf = course_models(preset, info.device)["transformer"]
 tf_report = amp_checkup(tf.make(), (tf.inputs, tf.targets), tf.loss_fn, steps=STEPS,
                         ceiling=ceiling)
 ops = pd.DataFrame(tf_report.op_rows()).set_index("module")
 low = f"ran in {tf_report.amp_dtype}"
-assert "addmm" in ops.loc["blocks.0.attn.qkv", low] and "addmm" in ops.loc["head", low]
+assert linear_op in ops.loc["blocks.0.attn.qkv", low] and linear_op in ops.loc["head", low]
 norms = [m for m in ops.index if m.split(".")[-1].startswith("ln")]
 assert norms and all(ops.loc[m, low] == "" for m in norms)  # every layer norm ran in fp32
 assert 0 < tf_report.fp32_time_share < 1 and tf_report.agrees and tf_report.flagged == []
@@ -211,30 +221,44 @@ fig = plot_losses(fixed.losses, title="Raw-counts model, stem.0 in fp32: fp32 an
                   ylabel="MSE loss")
 
 # %% [markdown]
-# ## 5. Bad input gets one plain line
+# ## 5. What cannot be checked gets one plain line
 #
-# The check-up tells you in one line what it cannot work with instead of a traceback from deep
-# inside: a model that returns a dict, or a loss that is already NaN in fp32 (then the problem
-# is not AMP's).
+# The check-up takes the model and batch you train: a batch of tensors, tuples or a dict (its
+# keys become keyword arguments, as Hugging Face models take them), an output that is a tensor,
+# a named tuple, a dict or a `ModelOutput`, and the loss from your `loss_fn(output, targets)`,
+# from the output itself (`output.loss`, `output["loss"]`) or from your own
+# `step(model, batch)`. What it still cannot work with comes back as one line saying what
+# happened and what to try, never a traceback from deep inside: a model whose output holds no
+# loss while no `loss_fn` was given, or a loss that is already NaN in fp32 (then the problem is
+# not AMP's). `checkup(...)` returns that line as a `NotChecked` report; `amp_checkup(...)`
+# raises it as a `CheckupError`.
 
 # %%
+from amp_tutorial.checkup import NotChecked, checkup
+
+
 class ReturnsDict(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.linear = nn.Linear(8, 1)
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"prediction": self.linear(x)}
+        return {"prediction": self.linear(x)}  # a dict with no "loss" in it
 
 
-for model, batch in ((ReturnsDict(), (counts, target)), (Counts(), (counts * math.nan, target))):
-    try:
-        amp_checkup(model.to(info.device), batch, nn.functional.mse_loss, ceiling=ceiling)
-    except CheckupError as err:
-        print(err)
-        assert "\n" not in str(err) and ("not a tensor" in str(err) or "in fp32" in str(err))
-    else:
-        raise AssertionError("the check-up ran on bad input")
+no_loss = checkup(ReturnsDict().to(info.device), counts, ceiling=ceiling)  # and no loss_fn
+print(no_loss)
+assert isinstance(no_loss, NotChecked) and "\n" not in no_loss.line
+assert no_loss.line.startswith("the model returned a dict (keys: prediction) with no loss in it")
+assert "pass loss_fn=(output, targets) -> loss" in no_loss.line  # what to try
+try:
+    amp_checkup(Counts().to(info.device), (counts * math.nan, target), nn.functional.mse_loss,
+                ceiling=ceiling)
+except CheckupError as err:
+    print(err)
+    assert "\n" not in str(err) and "in fp32, before any AMP" in str(err)
+else:
+    raise AssertionError("the check-up ran on a loss that is NaN in fp32")
 
 # %% [markdown]
 # For a script, `report.as_dict()` is the report as plain numbers and strings (`json.dumps` it),

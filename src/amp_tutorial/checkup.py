@@ -4,7 +4,9 @@ overflow or bf16 round a signal away, whether AMP agrees with fp32, and what AMP
 ``amp_checkup(model, batch, loss_fn)`` runs your own training step a bounded number of times in
 fp32 and under autocast, each from the same weights (restored afterwards: your model is left as
 it was), and puts the course's instruments behind one call: the dtype trace of
-``autocast_policy.trace_dtypes`` (grouped by module), ``nonfinite.first_nonfinite_module``,
+``autocast_policy.trace_dtypes`` (grouped by module), ``nonfinite.first_nonfinite_module``
+and, below autocast, each op that makes inf/NaN out of finite inputs (``OpOverflow``: an
+overflow inside a module, seen even where the module's output is finite),
 ``measure.saved_activation_bytes`` and ``StepTimer``, and ``ceiling.matmul_ceiling``. Nothing of
 the model leaves the process: this module sends nothing to the class service.
 
@@ -44,10 +46,19 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from amp_tutorial.autocast_policy import OpTrace, trace_dtypes
 from amp_tutorial.ceiling import Ceiling, matmul_ceiling
-from amp_tutorial.device import DeviceInfo, dtype_name, fp32_baseline, select_device, tf32_state
+from amp_tutorial.device import (
+    DTYPE_ENV,
+    DeviceInfo,
+    dtype_name,
+    fp32_baseline,
+    select_device,
+    tf32_state,
+)
 from amp_tutorial.measure import (
     NOISY_SPREAD,
     StepTimer,
@@ -65,6 +76,8 @@ FP16_SMALLEST = 2.0**-24  # the smallest subnormal fp16: anything below rounds t
 MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7}  # stored fraction bits
 ROUNDING_LIMIT = 0.5  # a rounding step above half the sample-to-sample spread loses the signal
 AGREEMENT = {torch.float16: 0.02, torch.bfloat16: 0.05}  # relative difference called agreement
+MIN_UPDATES = 2  # applied AMP updates compared with fp32's before agreement is judged
+INIT_SCALE = 2.0**16  # GradScaler's default init_scale
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 # The ops cuBLAS computes as GEMMs, whose fp32 ``torch.backends.cuda.matmul``'s TF32 setting
 # governs; under CUDA autocast a Linear shows up as addmm/mm (``linear`` is a composite there:
@@ -273,6 +286,53 @@ class ModuleRange:
 
 
 @dataclass(frozen=True)
+class OpOverflow:
+    """An op inside the model's forward that made inf or NaN out of finite inputs under
+    autocast, where the same op in the fp32 forward made none: an overflow inside a module
+    (attention scores ``q @ k.T``, a hand-written norm's ``h * h``), seen even where the
+    module's own output comes out finite."""
+
+    module: str  # the innermost running module, or MODEL for the model's own forward
+    op: str  # the aten op, e.g. "bmm", "mul", "_to_copy" (autocast's cast of a large input)
+    dtype: str  # the dtype it gave
+    n_inf: int
+    n_nan: int
+
+    def __str__(self) -> str:
+        where = "the model's own forward" if self.module == MODEL else self.module
+        return (f"{self.op} in {where} made {self.n_inf} inf and {self.n_nan} NaN in "
+                f"{self.dtype} out of finite inputs")
+
+
+class _NonfiniteOps(TorchDispatchMode):
+    """Below autocast, every op whose floating inputs were all finite and whose output is not,
+    labelled by ``where()`` (the running module); each (module, op) once, in order. Ops that
+    return uninitialised memory (``empty``) are left out."""
+
+    def __init__(self, where: Callable[[], str]) -> None:
+        super().__init__()
+        self.where = where
+        self.found: dict[tuple[str, str], OpOverflow] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        name = func.overloadpacket.__name__
+        ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+               and t.is_floating_point() and t.device.type != "meta"]
+        finite = all(bool(t.isfinite().all()) for t in ins)  # before: an in-place op writes them
+        out = func(*args, **(kwargs or {}))
+        if finite and "empty" not in name:
+            bad = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)
+                   and t.is_floating_point() and t.device.type != "meta"
+                   and not bool(t.isfinite().all())]
+            key = (self.where(), name)
+            if bad and key not in self.found:
+                self.found[key] = OpOverflow(key[0], name, dtype_name(bad[0].dtype),
+                                             sum(int(t.isinf().sum()) for t in bad),
+                                             sum(int(t.isnan().sum()) for t in bad))
+        return out
+
+
+@dataclass(frozen=True)
 class Advice:
     """One line to write, and the finding it answers."""
 
@@ -308,15 +368,61 @@ class Checkup:
     saved_activation_bytes: dict[str, int]
     ceiling: dict[str, object]
     ceiling_ratio: float | None
+    # ops inside the forward that overflowed under autocast (not in fp32), first first
+    op_overflows: list[OpOverflow] = field(default_factory=list)
+    init_scale: float | None = INIT_SCALE  # the GradScaler's first scale (fp16)
     advice: list[Advice] = field(default_factory=list)
 
     @property
     def flagged(self) -> list[str]:
-        """Modules whose range or precision the AMP dtype cannot hold (fp16 overflow, or a
-        rounding step larger than the signal)."""
+        """Modules whose range or precision the AMP dtype cannot hold (fp16 overflow of an
+        output, or of an op inside it under autocast, or a rounding step larger than the
+        signal); a module inside one already flagged is not named again."""
+        found = self.range_flagged
+        for module in self.overflow_modules:
+            if module not in found and not any(module.startswith(f + ".") for f in found):
+                found.append(module)
+        return found
+
+    @property
+    def range_flagged(self) -> list[str]:
+        """The modules ``flagged`` for their fp32 output's range or rounding (``ranges``)."""
         low = self.amp_dtype
         return [r.module for r in self.ranges if self.ran_low(r.module)
                 and ((r.overflows_fp16 and low == "fp16") or r.rounds_signal_away)]
+
+    @property
+    def overflow_modules(self) -> list[str]:
+        """The modules in which an op overflowed under autocast (``op_overflows``), in order:
+        the model's own forward (MODEL) included, the loss and the step's own code not."""
+        return list(dict.fromkeys(o.module for o in self.op_overflows
+                                  if o.module not in OUTSIDE))
+
+    @property
+    def updates_compared(self) -> int:
+        """Applied AMP updates behind the last AMP loss compared with fp32's (a step the
+        GradScaler skipped changed no weight)."""
+        return sum(not s for s in self.skipped_steps[:-1])
+
+    @property
+    def judged(self) -> bool:
+        """Whether the loss curves compared enough applied AMP updates to judge agreement:
+        ``MIN_UPDATES``, or every step after the first where fewer steps ran."""
+        return self.updates_compared >= min(MIN_UPDATES, len(self.skipped_steps) - 1)
+
+    @property
+    def verdict(self) -> str:
+        """``agree``, ``DISAGREE`` (outputs from the same weights differ, whatever the steps;
+        or the loss curves after enough updates), or ``cannot judge: ...`` with what to do."""
+        if self.agrees:
+            return "agree"
+        tolerance = AGREEMENT[torch.float16 if self.amp_dtype == "fp16" else torch.bfloat16]
+        if self.output_rel_diff > tolerance or self.judged:
+            return "DISAGREE"
+        n = len(self.skipped_steps)
+        return (f"cannot judge: {sum(self.skipped_steps)} of {n} AMP steps skipped by the "
+                f"GradScaler, so {self.updates_compared} applied update(s) were compared "
+                f"({min(MIN_UPDATES, n - 1)} needed); run more steps (steps={2 * n})")
 
     def ran_low(self, module: str) -> bool:
         """Whether any op of ``module`` (or of a module inside it) ran in the AMP dtype; a
@@ -380,6 +486,13 @@ class Checkup:
              or "none"},
             {"finding": "fp16 would overflow in", "value": ", ".join(self.fp16_overflows)
              or "none", "why": "outputs past fp16's largest value, 65504 (in the fp32 step)"},
+            {"finding": f"ops that overflowed in {self.amp_dtype}", "value": "; ".join(
+                map(str, self.op_overflows)) or "none", "why": "inf/NaN out of finite inputs "
+             "inside the forward under autocast, where fp32 made none"},
+            {"finding": "agreement with fp32", "value": self.verdict.split(":")[0],
+             "why": self.verdict.split(": ", 1)[-1] if ":" in self.verdict else
+             f"outputs {self.output_rel_diff:.2e}, loss curves {self.loss_rel_gap:.2e} "
+             "(relative)"},
         ]
 
     def op_rows(self) -> list[dict[str, object]]:
@@ -445,12 +558,8 @@ class Checkup:
         sections = [("summary", self.summary_rows()), ("ops by module", self.op_rows()),
                     ("ranges", self.range_rows()), ("payoff", self.payoff_rows()),
                     ("what to do", self.advice_rows())]
-        verdict = "agree" if self.agrees else "DISAGREE"
-        if not any(not s for s in self.skipped_steps[:-1]):
-            verdict = ("NOT JUDGED: the scaler skipped every AMP step, so no AMP update was "
-                       "compared with fp32's")
         lines = [f"agreement: output differs by {self.output_rel_diff:.2e} (relative), loss "
-                 f"curves by {self.loss_rel_gap:.2e}: {verdict}"]
+                 f"curves by {self.loss_rel_gap:.2e}: {self.verdict}"]
         for title, rows in sections:
             lines.append(f"\n== {title} ==")
             lines += ["  " + "; ".join(f"{k}: {v}" for k, v in row.items()) for row in rows]
@@ -461,6 +570,22 @@ def _op_kind(op: OpTrace, low: str) -> str:
     if op.op in ("_to_copy", "to", "copy_") and op.inputs and op.inputs[0] != op.output:
         return "cast"
     return "low" if op.output == low else "fp32"
+
+
+def _scale(value: float) -> str:
+    """A scale as Python reads it back: ``16777216``, not ``1.67772e+07``."""
+    return f"{value:.0f}" if value >= 1 and float(value).is_integer() else repr(float(value))
+
+
+def _keep_in_fp32(module: str, kind: str, why: str, op: str | None = None) -> Advice:
+    """The line that keeps ``module`` in fp32 (for MODEL: the ``op`` in its own forward)."""
+    if module == MODEL:
+        return Advice(f'with torch.autocast("{kind}", enabled=False):  # around the {op} in the '
+                      "model's own forward, its inputs .float(): that op in fp32", why)
+    return Advice(f'with torch.autocast("{kind}", enabled=False): h = '
+                  f"{_attribute(module)}(h.float())  # keep {module} in fp32 (or decorate its "
+                  f'forward with @torch.amp.custom_fwd(device_type="{kind}", '
+                  "cast_inputs=torch.float32))", why)
 
 
 def _attribute(module: str) -> str:
@@ -671,6 +796,17 @@ def _first_amp_forward(model: nn.Module, batch: Batch, loss_fn: LossFn | None,
     del loss
 
 
+def recommended_dtype(info: DeviceInfo) -> torch.dtype | None:
+    """The AMP dtype the check-up recommends (and checks by default): bf16 where the device
+    computes it natively (fp32's exponent range: no overflow, no GradScaler), even where fp16
+    comes first in its AMP dtypes (an NVIDIA GPU from Ampere on); else the device's first AMP
+    dtype. A dtype put first by ``AMP_TUTORIAL_DTYPE`` stays first: it was asked for."""
+    asked = any(note.startswith(f"{DTYPE_ENV}=") for note in info.notes)
+    if not asked and info.native_bf16 and torch.bfloat16 in info.amp_dtypes:
+        return torch.bfloat16
+    return info.amp_dtype
+
+
 def _recommend(info: DeviceInfo, dtype: torch.dtype) -> str:
     name = dtype_name(dtype)
     if dtype == torch.bfloat16:
@@ -680,11 +816,16 @@ def _recommend(info: DeviceInfo, dtype: torch.dtype) -> str:
     why = f"{name} has a narrow range (max 65504, smallest normal 2^-14): it needs a GradScaler"
     if torch.bfloat16 not in info.amp_dtypes:
         return f"{why}; bf16 is not offered here"
-    if dtype != info.amp_dtype:
-        return f"{why}; checked because you asked for it (this device prefers " \
-               f"{dtype_name(info.amp_dtype)})"
-    said = [note for note in info.notes if name in note]  # e.g. AMP_TUTORIAL_DTYPE=fp16 ...
-    return f"{why}; first of this device's AMP dtypes" + (f" ({'; '.join(said)})" if said else "")
+    said = [note for note in info.notes if note.startswith(f"{DTYPE_ENV}=")]
+    if said and dtype == info.amp_dtype:
+        return f"{why}; asked for ({'; '.join(said)})"
+    preferred = recommended_dtype(info)
+    if dtype != preferred:
+        native = (": this device computes bf16 natively, with fp32's range and no GradScaler"
+                  if preferred == torch.bfloat16 and info.native_bf16 else "")
+        return (f"{why}; checked because you asked for it (recommended here: "
+                f"{dtype_name(preferred)}{native})")
+    return f"{why}; first of this device's AMP dtypes, and bf16 is not native here"
 
 
 class _ModuleWatch:
@@ -788,15 +929,15 @@ def _scales(watch: _ModuleWatch, param_grad_max: float = 0.0
 
 def _train(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
            user_step: StepFn | None, dtype: torch.dtype | None, make_optimizer: Callable,
-           steps: int, warmup: int, device: torch.device) -> tuple[list[float], StepTimer,
-                                                                    int | None, list[bool],
-                                                                    float | None]:
+           steps: int, warmup: int, device: torch.device, init_scale: float = INIT_SCALE
+           ) -> tuple[list[float], StepTimer, int | None, list[bool], float | None]:
     """``steps`` training steps from the initial weights, fp32 (``dtype`` None) or AMP with a
     GradScaler for fp16: losses, the StepTimer and the allocator's peak, as the bench takes
     them, and which steps the scaler skipped (its scale went down: the gradients overflowed)."""
     model.load_state_dict(initial)
     optimizer = make_optimizer(model.parameters())
-    scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
+    scaler = (torch.amp.GradScaler(device.type, init_scale=init_scale)
+              if dtype == torch.float16 else None)
     # the course's step (steps._amp_train_step), its forward and loss the batch's own
     step = _amp_train_step(lambda _: batch_loss(model, batch, loss_fn, step=user_step),
                            optimizer, lambda _: (None, None), lambda loss, _: loss,
@@ -818,6 +959,8 @@ def _train(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None
 def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advice]:
     kind, name = info.type, dtype_name(dtype)
     torch_dtype = f"torch.{str(dtype).split('.')[-1]}"
+    bf16_native = bool(info.native_bf16) and torch.bfloat16 in info.amp_dtypes
+    overflow = report.first_nonfinite is not None or bool(report.overflow_modules)
     out = [Advice(f'with torch.autocast(device_type="{kind}", dtype={torch_dtype}):  '
                   "# forward and loss only", f"{name}: {report.dtype_why}")]
     if report.grad_scaler:
@@ -828,44 +971,74 @@ def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advic
                 and report.scale_needed > report.scale_max):
             lift = (f"; no single scale fits: lifting 99% of the gradients needs "
                     f"{report.scale_needed:.3g}, more than the largest safe one (keep the "
-                    "modules with the smallest gradients in fp32, or use bf16)")
-        out.append(Advice(f'scaler = torch.amp.GradScaler("{kind}"); '
+                    "modules with the smallest gradients in fp32"
+                    + (", or use bf16, native here)" if bf16_native else ")"))
+        start = ""  # a scale the gradients need above the one it starts at, where it is safe
+        if (report.scale_needed and report.scale_max and report.init_scale
+                and report.init_scale < report.scale_needed <= report.scale_max):
+            start = f", init_scale={_scale(report.scale_needed)}"
+        out.append(Advice(f'scaler = torch.amp.GradScaler("{kind}"{start}); '
                           "scaler.scale(loss).backward(); scaler.step(optimizer); "
                           "scaler.update()",
                           f"fp16: up to {share:.1%} of a module's output gradients are below "
                           f"2^-24 and would be zero unscaled{lift}; the largest safe scale is "
                           f"{report.scale_max:.3g}" if report.scale_max else "fp16 needs it"))
         n_skipped = sum(report.skipped_steps)
-        if report.first_nonfinite is not None:
+        if overflow:
             # the forward itself overflows: the loss is inf/NaN at every scale, so the scaler
             # halves each step and its last scale is a count of the steps, not a setting
+            # the op that overflowed first where one did (bmm in attn), else the module whose
+            # output went non-finite
+            first = str(report.op_overflows[0]) if report.op_overflows else str(
+                report.first_nonfinite)
+            module = (report.overflow_modules[0] if report.overflow_modules
+                      else str(report.first_nonfinite).split(" ")[0])
             out.append(Advice(f"# no GradScaler setting fixes this: fp16's forward overflows "
-                              f"in {report.first_nonfinite.split(' ')[0]}",
-                              f"the first inf/NaN under fp16 autocast comes out of "
-                              f"{report.first_nonfinite}, before any gradient; a scale acts on "
-                              "the loss and the gradients only"))
+                              f"in {module}",
+                              f"the first inf/NaN under fp16 autocast: {first}, before any "
+                              "gradient; a scale acts on the loss and the gradients only"))
         elif n_skipped and report.final_scale:
             settled = not any(report.skipped_steps[-2:])
+            scale = report.final_scale
+            if not settled and report.scale_max:  # no higher than the parameters' gradients let
+                scale = min(scale, 2.0 ** math.floor(math.log2(report.scale_max)))
             out.append(Advice(f'scaler = torch.amp.GradScaler("{kind}", '
-                              f"init_scale={report.final_scale:g})",
+                              f"init_scale={_scale(scale)})",
                               f"the scaler skipped {n_skipped} of {len(report.skipped_steps)} "
-                              "steps backing off from 65536 (gradients overflowed fp16); "
-                              + (f"it settled at {report.final_scale:g}" if settled else
+                              f"steps backing off from {report.init_scale:g} (gradients "
+                              "overflowed fp16); "
+                              + (f"it settled at {scale:g}" if settled else
                                  f"it was still going down at the last step "
-                                 f"({report.final_scale:g}): run more steps to see where it "
-                                 "settles")))
+                                 f"({report.final_scale:g}); {scale:g} is at most the largest "
+                                 "safe scale of the parameters' gradients")))
+    ranged = report.range_flagged
     for r in report.ranges:
-        if r.module not in report.flagged:
+        if r.module not in ranged:
             continue
         why = (f"{r.module} ({r.type}) outputs up to {r.act_max:.3g}, past fp16's 65504"
                if r.overflows_fp16 and name == "fp16" else
                f"{r.module} ({r.type}): {name}'s rounding step is {r.rounding:.3g}x the spread "
                "of its outputs across samples, so the signal is rounded away")
-        call = _attribute(r.module)
-        out.append(Advice(f'with torch.autocast("{kind}", enabled=False): h = {call}(h.float())'
-                          f"  # keep {r.module} in fp32 (or decorate its forward with "
-                          f'@torch.amp.custom_fwd(device_type="{kind}", '
-                          "cast_inputs=torch.float32))", why))
+        out.append(_keep_in_fp32(r.module, kind, why))
+    for module in report.flagged:
+        if module in ranged:
+            continue
+        found = [str(o) for o in report.op_overflows if o.module == module]
+        why = (f"under {name} autocast {'; '.join(found)}, where fp32 made none"
+               + ("" if module == MODEL or report.first_nonfinite else
+                  f" (the output of {module} comes out finite, but not right)"))
+        out.append(_keep_in_fp32(module, kind, why, op=report.op_overflows[0].op
+                                 if module == MODEL else None))
+    if overflow and name == "fp16" and bf16_native:
+        out.append(Advice(f'with torch.autocast(device_type="{kind}", dtype=torch.bfloat16):  '
+                          "# instead of fp16, no GradScaler",
+                          "this device computes bf16 natively, and bf16 has fp32's exponent "
+                          "range: what overflows fp16 here fits in bf16"))
+    tolerance = AGREEMENT[dtype]
+    if (not report.judged and not overflow and report.output_rel_diff <= tolerance):
+        n = len(report.skipped_steps)
+        out.append(Advice(f"amp_checkup(..., steps={2 * n})  # check again with more steps",
+                          report.verdict.split("; ")[0]))
     loss_ops = [op for op in report.ops if op.where == "(loss)" and op.op != "_to_copy"]
     if loss_ops and loss_ops[-1].output == name:
         out.append(Advice("loss = loss_fn(output.float(), targets)",
@@ -895,15 +1068,17 @@ def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advic
 def amp_checkup(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *,
                 step: StepFn | None = None, dtype: torch.dtype | None = None, steps: int = 6,
                 warmup: int = 1, make_optimizer: Callable | None = None,
+                init_scale: float = INIT_SCALE,
                 ceiling: Ceiling | None = None, ceiling_sizes: Sequence[int] = (512,),
                 free_bytes: int | None = None, info: DeviceInfo | None = None) -> Checkup:
     """Check ``model`` for AMP on one ``batch``, its loss by ``batch_loss``'s rule: a
     ``loss_fn(output, targets)`` on ``(inputs, targets)``, the loss the model's output carries
     (a Hugging Face model given a dict with its labels), or your ``step(model, batch)``.
 
-    Runs ``steps`` training steps in fp32 and under autocast in ``dtype`` (default: the device's
-    preferred AMP dtype, with a GradScaler for fp16), from the same weights, with
-    ``make_optimizer(params)`` (default AdamW, lr 1e-3); the first ``warmup`` are not timed. The
+    Runs ``steps`` training steps in fp32 and under autocast in ``dtype`` (default:
+    ``recommended_dtype``, bf16 where the device computes it natively; fp16 with a GradScaler
+    starting at ``init_scale``), from the same weights, with ``make_optimizer(params)``
+    (default AdamW, lr 1e-3); the first ``warmup`` are not timed. The
     model's weights, buffers and train/eval mode are restored afterwards. ``ceiling`` reuses a
     measured matmul ceiling (else one is measured at ``ceiling_sizes``); ``free_bytes``
     overrides the device's free memory. Raises CheckupError with one plain line where the
@@ -914,7 +1089,7 @@ def amp_checkup(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *
     if steps <= warmup:
         raise CheckupError(f"steps ({steps}) must be more than warmup ({warmup})")
     info = info or select_device(str(device))
-    dtype = dtype or info.amp_dtype
+    dtype = dtype or recommended_dtype(info)
     if dtype not in MANTISSA_BITS:
         raise CheckupError(f"{device} offers no AMP dtype here (torch {torch.__version__})")
     make_optimizer = make_optimizer or (lambda params: torch.optim.AdamW(params, lr=1e-3))
@@ -924,7 +1099,7 @@ def amp_checkup(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *
         _first_forward(model, batch, loss_fn, step, device)
         _first_amp_forward(model, batch, loss_fn, step, info, dtype)
         return _run(model, initial, batch, loss_fn, step, dtype, info, steps, warmup,
-                    make_optimizer, ceiling, ceiling_sizes)
+                    make_optimizer, ceiling, ceiling_sizes, init_scale)
     except CheckupError:
         raise
     except Exception as err:  # noqa: BLE001 - one plain line, the cause chained for a developer
@@ -941,7 +1116,7 @@ def amp_checkup(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *
 def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
          step: StepFn | None, dtype: torch.dtype, info: DeviceInfo, steps: int, warmup: int,
          make_optimizer: Callable, ceiling: Ceiling | None,
-         ceiling_sizes: Sequence[int]) -> Checkup:
+         ceiling_sizes: Sequence[int], init_scale: float = INIT_SCALE) -> Checkup:
     device, kind = info.device, info.type
     model.train()  # the check-up trains; the caller's mode comes back in amp_checkup
 
@@ -984,14 +1159,21 @@ def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
     model.zero_grad(set_to_none=True)
 
     # agreement of the outputs from the same weights in eval mode (no dropout, the same
-    # normalisation statistics), and where AMP first goes non-finite
+    # normalisation statistics), where AMP first goes non-finite (a module's output), and
+    # which ops made inf/NaN out of finite inputs under autocast that fp32's did not
     model.load_state_dict(initial)
     model.eval()
-    outputs = {}
+    outputs, made = {}, {}
+    outside = "(step)" if step is not None else "(loss)"
     with torch.no_grad():
-        outputs["fp32"] = output()
-        with torch.autocast(kind, dtype=dtype):
+        with _ModuleWatch(model) as watch, _NonfiniteOps(watch.where) as made["fp32"]:
+            watch.phase = outside
+            outputs["fp32"] = output()
+        with (torch.autocast(kind, dtype=dtype), _ModuleWatch(model) as watch,
+              _NonfiniteOps(watch.where) as made["amp"]):
+            watch.phase = outside
             bad = first_nonfinite_module(model, lambda: outputs.setdefault("amp", output()))
+    op_overflows = [o for key, o in made["amp"].found.items() if key not in made["fp32"].found]
     model.train()
     ref, amp_out = outputs["fp32"], outputs["amp"]
     max_diff = float((amp_out - ref).abs().max())
@@ -1008,7 +1190,8 @@ def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
                                                  make_optimizer, steps, warmup, device)
         torch.manual_seed(0)
         losses_amp, timer_amp, peak_amp, skipped, final_scale = _train(
-            model, initial, batch, loss_fn, step, dtype, make_optimizer, steps, warmup, device)
+            model, initial, batch, loss_fn, step, dtype, make_optimizer, steps, warmup, device,
+            init_scale)
     # a skipped step leaves the weights as they were: AMP's loss after k applied updates is
     # compared with fp32's after k updates
     applied = [sum(not s for s in skipped[:i]) for i in range(len(skipped))]
@@ -1020,21 +1203,24 @@ def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
     tf32 = fp32_baseline(info) if kind == "cuda" else "not on this device (NVIDIA CUDA only)"
     report = Checkup(
         device=str(info), amp_dtype=name, dtype_why=_recommend(info, dtype),
-        recommended=f"{dtype_name(info.amp_dtype)}: {_recommend(info, info.amp_dtype)}",
+        recommended=(f"{dtype_name(recommended_dtype(info))}: "
+                     f"{_recommend(info, recommended_dtype(info))}"),
         grad_scaler=dtype == torch.float16, tf32=tf32, ops=ops, ranges=ranges,
         scale_needed=scale_needed, scale_max=scale_max, skipped_steps=skipped,
         final_scale=final_scale,
         losses={"fp32": losses32, name: losses_amp}, output_max_abs_diff=max_diff,
         output_rel_diff=rel, loss_rel_gap=gap,
-        # a run whose every observed step was skipped compared the initial weights only
-        agrees=(rel <= AGREEMENT[dtype] and gap <= AGREEMENT[dtype]
-                and any(not s for s in skipped[:-1])),
+        agrees=False,  # judged below, once the applied updates are counted
         first_nonfinite=str(bad) if bad is not None else None,
         timing_ms={"fp32": timer32.timing.median * 1e3, "amp": timer_amp.timing.median * 1e3},
         timing_iqr_ms={"fp32": timer32.timing.iqr * 1e3, "amp": timer_amp.timing.iqr * 1e3},
         peak_bytes={"fp32": peak32, "amp": peak_amp}, saved_activation_bytes=saved,
         ceiling=ceiling.as_dict(),
-        ceiling_ratio=ceiling.best_ratio(name) if name in ceiling.low_dtypes else None)
+        ceiling_ratio=ceiling.best_ratio(name) if name in ceiling.low_dtypes else None,
+        op_overflows=op_overflows, init_scale=init_scale if dtype == torch.float16 else None)
+    # a run that compared too few applied AMP updates (the scaler skipped the others) is not
+    # judged: its losses are those of the initial weights
+    report.agrees = rel <= AGREEMENT[dtype] and gap <= AGREEMENT[dtype] and report.judged
     report.advice = _advice(report, info, dtype)
     return report
 

@@ -24,15 +24,23 @@ from amp_tutorial.checkup import (
     CheckupError,
     NotChecked,
     _advice,
+    _recommend,
     amp_checkup,
     batch_to,
     checkup,
     main,
     output_loss,
+    recommended_dtype,
 )
-from amp_tutorial.device import dtype_name, has_fp32_precision_api, select_device, tf32_state
+from amp_tutorial.device import (
+    DeviceInfo,
+    dtype_name,
+    has_fp32_precision_api,
+    select_device,
+    tf32_state,
+)
 from amp_tutorial.measure import Timing
-from tests.unit.test_device import pretend_ampere, tf32_settings_kept
+from tests.unit.test_device import FAKE_H100, pretend_ampere, tf32_settings_kept
 
 # a ceiling from fixed numbers, so no test spends its time on matmuls
 CEILING = Ceiling(tuple(MatmulRate(64, d, Timing((t,))) for d, t in
@@ -100,11 +108,17 @@ def test_the_fp16_hazard_is_found_in_the_module_that_overflows(hazard):
     assert ("you asked for it" in hazard.dtype_why) == (preferred != "fp16")
 
 
-def test_following_the_advice_makes_fp16_agree_with_fp32():
-    torch.manual_seed(0)  # 6 steps: the scaler skips the first two, so 3 steps would compare
-    # nothing but the initial weights (not judged, test_agreement_is_not_claimed_...)
+def test_following_the_advice_makes_fp16_agree_with_fp32(fixed):
+    # 3 steps: the scaler skips the first two, so nothing but the initial weights was compared;
+    # the check-up says so and how many steps to run, and with those it judges
+    assert not fixed.judged and not fixed.agrees and fixed.verdict.startswith("cannot judge")
+    [more] = [a.line for a in fixed.advice if "check again with more steps" in a.line]
+    steps = int(more.split("steps=")[1].split(")")[0])
+    assert steps == 6
+    torch.manual_seed(0)
     fixed = amp_checkup(RawCountsFixed(), counts_batch(), nn.functional.mse_loss,
-                        dtype=torch.float16, **{**OPTIONS, "steps": 6})
+                        dtype=torch.float16, **{**OPTIONS, "steps": steps})
+    assert fixed.judged and fixed.verdict == "agree"
     assert fixed.fp16_overflows == ["stem.0"]  # the fp32 output is still past 65504
     assert not fixed.ran_low("stem.0") and fixed.flagged == []
     assert fixed.agrees and fixed.first_nonfinite is None
@@ -361,7 +375,9 @@ def test_agreement_is_not_claimed_when_every_amp_step_was_skipped():
     report = amp_checkup(model, (x, x.sum(1, keepdim=True)), loss_fn, dtype=torch.float16,
                          **OPTIONS)
     assert all(report.skipped_steps)
-    assert not report.agrees and "NOT JUDGED" in report.text()
+    assert not report.agrees and not report.judged and report.updates_compared == 0
+    assert "cannot judge: 3 of 3 AMP steps skipped" in report.text()
+    assert "run more steps (steps=6)" in report.verdict
 
 
 def test_no_speed_verdict_from_noisy_timings(hazard):
@@ -721,3 +737,192 @@ def test_a_torchvision_resnet_is_checked_with_its_loss_fn():
                      **OPTIONS)
     assert isinstance(report, Checkup), report
     assert report.ran_low("conv1") and report.ran_low("fc")
+
+
+# --- every advice line, followed, makes the model agree with fp32 (issue 43, item 2) ---
+
+def advised(report, words):
+    [line] = [a.line for a in report.advice if words in a.line]
+    return line
+
+
+def test_following_the_init_scale_advice_skips_no_step(fixed):
+    """The scaler backed off from 65536 to 16384 (the head's weight gradient overflows fp16
+    above 18028): started there, the same 3 steps skip none, and AMP agrees."""
+    line = advised(fixed, "init_scale=")
+    assert line == 'scaler = torch.amp.GradScaler("cpu", init_scale=16384)'
+    torch.manual_seed(0)
+    followed = amp_checkup(RawCountsFixed(), counts_batch(), nn.functional.mse_loss,
+                           dtype=torch.float16, init_scale=16384.0, **OPTIONS)
+    assert not any(followed.skipped_steps) and followed.judged and followed.agrees
+    assert not any("init_scale=" in a.line for a in followed.advice)
+
+
+def test_following_the_scale_advice_for_underflowing_gradients_makes_fp16_agree():
+    """A loss scaled down to 1e-7 of itself: every fp16 output gradient is below 2^-24, so an
+    unscaled fp16 step (init_scale=1) changes no weight and the loss curves part; the advice's
+    GradScaler starts at the scale its gradients need, and fp16 then agrees."""
+    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+
+    def tiny_loss(out, target):
+        return nn.functional.mse_loss(out, target) * 1e-7
+
+    def run(init_scale):
+        torch.manual_seed(0)
+        return amp_checkup(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)),
+                           (x, x.sum(1, keepdim=True)), tiny_loss, dtype=torch.float16,
+                           init_scale=init_scale, **{**OPTIONS, "steps": 6},
+                           make_optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2))
+
+    unscaled = run(1.0)
+    assert unscaled.judged and not unscaled.agrees  # no update: AdamW never moved fp16's weights
+    line = advised(unscaled, "GradScaler(")
+    assert line.startswith('scaler = torch.amp.GradScaler("cpu", init_scale=16777216); ')
+    assert unscaled.scale_needed == 2.0**24 <= unscaled.scale_max
+    followed = run(float(line.split("init_scale=")[1].split(")")[0]))
+    assert followed.judged and followed.agrees and not any(followed.skipped_steps)
+
+
+class HandNorm(nn.Module):
+    """A hand-written RMS norm: ``h * h`` passes 65504 in fp16 once |h| passes 256, the mean
+    and root follow it to inf, and ``h / inf`` is 0: the output is finite, and wrong."""
+
+    def forward(self, h):
+        return h / (h * h).mean(-1, keepdim=True).sqrt()
+
+
+class Normed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.norm, self.head = nn.Linear(8, 32), HandNorm(), nn.Linear(32, 1)
+
+    def forward(self, x):
+        return self.head(self.norm(self.proj(x)))
+
+
+class NormedFixed(Normed):
+    """The advice followed: norm in fp32."""
+
+    def forward(self, x):
+        h = self.proj(x)
+        with torch.autocast(x.device.type, enabled=False):
+            h = self.norm(h.float())
+        return self.head(h)
+
+
+class Scores(nn.Module):
+    """Attention whose scores ``q @ k.T`` overflow fp16 before the softmax (then NaN): large
+    query and key weights (no 1/sqrt(d) scaling), the values as they come."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+        with torch.no_grad():
+            self.q.weight.mul_(100.0)
+            self.k.weight.mul_(100.0)
+
+    def forward(self, x):
+        return torch.softmax(self.q(x) @ self.k(x).transpose(-1, -2), -1) @ self.v(x)
+
+
+class Attends(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn, self.head = Scores(), nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.head(self.attn(x).mean(1))
+
+
+class AttendsFixed(Attends):
+    """The advice followed: attn in fp32."""
+
+    def forward(self, x):
+        with torch.autocast(x.device.type, enabled=False):
+            h = self.attn(x.float())
+        return self.head(h.mean(1))
+
+
+def scaled_batch(shape, scale):
+    generator = torch.Generator().manual_seed(0)
+    return (scale * torch.randn(*shape, generator=generator),
+            torch.randn(shape[0], 1, generator=generator))
+
+
+@pytest.mark.parametrize(("model", "fixed_model", "batch", "module", "op"), [
+    (Normed, NormedFixed, scaled_batch((64, 8), 100.0), "norm", "mul"),
+    (Attends, AttendsFixed, scaled_batch((8, 6, 16), 3.0), "attn", "bmm"),
+], ids=["finite-output", "attention-scores"])
+def test_an_overflow_inside_a_module_is_found_and_keeping_it_in_fp32_agrees(
+        model, fixed_model, batch, module, op):
+    """Issue 43: only module outputs were checked, so an op that overflows inside a module
+    (its fp32 output in range) got no advice; the op is found under fp16 autocast, the module
+    is named, and the line that keeps it in fp32, followed, makes fp16 agree."""
+    options = {**OPTIONS, "steps": 6}
+    torch.manual_seed(0)
+    report = amp_checkup(model(), batch, nn.functional.mse_loss, dtype=torch.float16, **options)
+    assert report.fp16_overflows == [] and report.range_flagged == []  # outputs all in range
+    first = report.op_overflows[0]
+    assert (first.module, first.op, first.dtype) == (module, op, "fp16") and first.n_inf > 0
+    assert report.flagged == [module] and not report.agrees
+    line = advised(report, "enabled=False")
+    assert f"h = self.{module}(h.float())  # keep {module} in fp32" in line
+    assert any(f"forward overflows in {module}" in a.line for a in report.advice)
+    assert not any("init_scale=" in a.line for a in report.advice)
+    if module == "norm":  # the module's output is finite: the module-output check saw nothing
+        assert report.first_nonfinite is None and "comes out finite" in " ".join(
+            a.why for a in report.advice)
+    torch.manual_seed(0)
+    followed = amp_checkup(fixed_model(), batch, nn.functional.mse_loss, dtype=torch.float16,
+                           **options)
+    assert followed.op_overflows == [] and followed.flagged == []
+    assert followed.judged and followed.agrees, followed.verdict
+
+
+# a CPU as the check-up would see one with native bf16 (AVX512-BF16/AMX): nothing else differs
+NATIVE_BF16_CPU = DeviceInfo(torch.device("cpu"), "cpu", "a fake CPU with native bf16",
+                             (torch.float16, torch.bfloat16), True)
+
+
+def test_bf16_is_recommended_where_it_is_native_and_following_it_agrees(hazard):
+    """Issue 43: on a bf16-native GPU the check-up recommended fp16, "first of this device's
+    AMP dtypes". Where bf16 is native it is recommended and checked by default, a forward
+    overflow in fp16 gets the bf16 line, and bf16, followed, holds the range and agrees."""
+    assert recommended_dtype(FAKE_H100) == torch.bfloat16  # fp16 first in its AMP dtypes
+    assert "first of this device's AMP dtypes" not in _recommend(FAKE_H100, torch.float16)
+    assert "recommended here: bf16" in _recommend(FAKE_H100, torch.float16)
+    here = select_device("cpu")
+    if not here.native_bf16:  # this Zen 3: bf16 is emulated, so it is not advised over fp16
+        assert not any("dtype=torch.bfloat16" in a.line for a in _advice(hazard, here,
+                                                                          torch.float16))
+    [line] = [a.line for a in _advice(hazard, NATIVE_BF16_CPU, torch.float16)
+              if "dtype=torch.bfloat16" in a.line]
+    assert line.startswith('with torch.autocast(device_type="cpu", dtype=torch.bfloat16):')
+    torch.manual_seed(0)
+    followed = amp_checkup(RawCounts(), counts_batch(), nn.functional.mse_loss,
+                           info=NATIVE_BF16_CPU, **OPTIONS)  # no dtype: the recommended one
+    assert followed.amp_dtype == "bf16" and followed.recommended.startswith(
+        "bf16: this device computes bf16 natively")
+    assert followed.flagged == [] and followed.judged and followed.agrees
+
+
+def test_following_the_keep_in_fp32_advice_for_bf16_rounding_agrees():
+    """The module whose offset bf16 rounds away, kept in fp32 as the advice writes it."""
+
+    class Offset(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.offset, self.norm, self.head = nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(
+                16, 1)
+            self.offset.bias.data.fill_(1e4)
+
+        def forward(self, x):
+            with torch.autocast(x.device.type, enabled=False):  # the advice's line
+                h = self.offset(x.float())
+            return self.head(self.norm(h))
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
+    followed = amp_checkup(Offset(), (x, x.sum(1, keepdim=True)), nn.functional.mse_loss,
+                           dtype=torch.bfloat16, **OPTIONS)
+    assert followed.flagged == [] and followed.judged and followed.agrees
