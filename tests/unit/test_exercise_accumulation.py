@@ -177,8 +177,15 @@ MISTAKES = [
      accumulated_loop(returns=lambda groups, micro: [x.item() for x in micro]),
      exercise.BAD_LOSSES, False),
     ("last micro-batch's loss per step",
-     accumulated_loop(returns=lambda groups, micro: [micro[i].item() for i in (2, 5, 7)]),
+     variant(SOLUTION, "train_accumulated", ("losses.append(group_loss)",
+                                             "losses.append(loss.item() * len(group))")),
      exercise.BAD_LOSSES, False),
+    ("the group's loss summed in a float16 tensor",
+     variant(SOLUTION, "train_accumulated",
+             ("group_loss = 0.0", "group_loss = torch.zeros((), dtype=torch.float16)"),
+             ("group_loss += loss.item()", "group_loss += loss.detach().half()"),
+             ("losses.append(group_loss)", "losses.append(group_loss.item())")),
+     exercise.NOT_LIKE_REFERENCE, False),
     ("loss tensors", accumulated_loop(returns=lambda groups, micro: micro[2::3]),
      checking.WRONG_RETURN, False),
     ("returns None", accumulated_loop(returns=lambda groups, micro: None), checking.WRONG_RETURN,
@@ -248,8 +255,40 @@ def enumerate_loop(model, optimizer, scaler, micro_batches, loss_fn, accumulatio
     return losses
 
 
+def divided_after_unscale(model, optimizer, scaler, micro_batches, loss_fn, accumulation_steps,
+                          device_type, amp_dtype, max_grad_norm=None):
+    """A right answer that sums the micro-batch gradients and divides them by the group's size
+    after unscale_, not the losses before backward."""
+    losses = []
+    for start in range(0, len(micro_batches), accumulation_steps):
+        group = micro_batches[start:start + accumulation_steps]
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for inputs, targets in group:
+            with torch.autocast(device_type=device_type, dtype=amp_dtype):
+                loss = loss_fn(model(inputs), targets)
+            scaler.scale(loss).backward()
+            total += loss.item()
+        scaler.unscale_(optimizer)
+        for p in model.parameters():
+            p.grad /= len(group)
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        losses.append(total / len(group))
+    return losses
+
+
 CORRECT = {
     "reference solution": reference_solution,
+    "the scaled loss divided: (scaler.scale(loss) / len(group)).backward()": variant(
+        SOLUTION, "train_accumulated",
+        ("loss = loss_fn(model(inputs), targets) / len(group)",
+         "loss = loss_fn(model(inputs), targets)"),
+        ("scaler.scale(loss).backward()", "(scaler.scale(loss) / len(group)).backward()"),
+        ("group_loss += loss.item()", "group_loss += loss.item() / len(group)")),
+    "the gradients divided after unscale_": divided_after_unscale,
     "one loop, step by count, grads set to None by hand, bf16 without scaler calls":
         enumerate_loop,
     "zero after the step (to zeros), model.zero_grad, unscale_ every group": accumulated_loop(

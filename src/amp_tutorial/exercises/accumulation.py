@@ -1,20 +1,31 @@
 """The ``train_accumulated`` exercise (lesson 05): gradient accumulation with a GradScaler.
 
-``check_train_accumulated(fn)`` runs the learner's function on the CPU (float16 with a GradScaler,
-float16 with clipping, bfloat16 with a disabled scaler, with and without clipping, and float16 on
-targets ten times larger, whose gradient norm is above 1 with no clipping asked for) over
-``N_MICRO`` micro-batches in groups of ``ACCUMULATION`` (the last group shorter). An
-:class:`AccumulationSpy` (a ``TrainingSpy`` that also knows where each group starts and ends)
-watches the order of the calls; at every optimizer step it keeps the parameters and gradients,
-and the checker compares each step's gradient with fp32
+``check_train_accumulated(fn)`` judges the result first: it runs the learner's function and the
+reference answer (``exercises.solutions.train_accumulated``) side by side on the CPU, on the same
+scenarios (float16 with a GradScaler, float16 with clipping, bfloat16 with a disabled scaler,
+with and without clipping, float16 on targets ten times larger, whose gradient norm is above 1
+with no clipping asked for, and float16 from a scale so high that the first groups overflow and
+their steps are skipped), each over ``n_micro`` micro-batches in groups of ``k``; the counts are
+drawn from a seeded generator (:func:`draw_scenarios`) so that most do not divide, one does, and
+the last group is shorter by one or more. An answer whose parameters, returned losses and scale
+match the reference's (within :data:`REFERENCE_RTOL`) in every scenario is right, however it is
+written; only the rules the lesson states in words (what the call leaves behind, graphs held
+across micro-batches) reject it beyond that.
+
+Where the results differ, an :class:`AccumulationSpy` (a ``TrainingSpy`` that also knows where
+each group starts and ends) says why: it watches the order of the calls; at every optimizer step
+it keeps the parameters and gradients, and the checker compares each step's gradient with fp32
 autograd on the group's micro-batches taken as one big batch, at the same parameters, and the
 norm the step used with the one clipping asks for (max_grad_norm, or none).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import numbers
+import random
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -32,6 +43,9 @@ from amp_tutorial.exercises.checking import (
     error_problem,
     left_behind,
     type_problem,
+)
+from amp_tutorial.exercises.solutions.train_accumulated import (
+    train_accumulated as reference_answer,
 )
 from amp_tutorial.exercises.training_spy import (
     CLIPPED_WITHOUT_MAX,
@@ -58,6 +72,15 @@ MAX_GRAD_NORM = 0.1  # below the accumulated gradient's norm (0.3 to 0.5): clipp
 LOOSE_GRAD_NORM = 2.0  # above it: a right clip leaves the gradient alone; one without min(1, .)
 # scales it up
 LARGE_TARGETS = 10.0  # targets times 10: gradient norms above 1, where a default clip would fire
+SKIPPING_SCALE = 2.0**20  # float16's first groups overflow at this scale: their steps are skipped
+# (the reference backs off twice over 8 micro-batches in groups of 3)
+REFERENCE_RTOL = 2e-4  # measured: right answers stay within 3e-5 of the reference's losses and
+# 4e-6 of its parameters (dividing the gradients after unscale_ rounds differently, and float16
+# forward passes amplify that); a group's loss summed in float16 is off by up to 5e-4
+SEED = 5  # the scenarios' draw (lesson 05)
+# (micro-batches, accumulation_steps) to draw from: mostly counts that do not divide, with the
+# last group 1 to 3 shorter; one that divides
+SHAPES = ((7, 3), (8, 3), (10, 4), (11, 4), (7, 2), (9, 4), (8, 4))
 GRAD_RTOL = 0.03  # measured: correct runs stay within 0.1% (float16) and 0.8% (bfloat16) of
 LOSS_RTOL = 0.03  # fp32's gradient and loss on the same big batch; a mistake is off by 33%+
 DEVICE_TYPE = "cpu"  # float16 and bfloat16 autocast and GradScaler("cpu") all run on the CPU
@@ -75,6 +98,7 @@ UNSCALED_MID_GROUP = "unscaled-mid-group"
 SCALER_REPLACED = "scaler-replaced"
 GRADIENT_NOT_LIKE_FP32 = "gradient-not-like-fp32"
 BAD_LOSSES = "bad-losses"
+NOT_LIKE_REFERENCE = "not-like-reference"
 __all__ = ["check_train_accumulated", "group_sizes"]
 PRAISE = ("All checks passed: one scaled backward per micro-batch, one step and update per "
           "group (the short last group too), zeroing between groups only, and every step's "
@@ -86,26 +110,45 @@ EXERCISE = Exercise("05", "train_accumulated", PRAISE, loops=(
 
 @dataclass(frozen=True)
 class Scenario:
-    """One run: the autocast dtype (float16 gets an enabled scaler) and optional clipping."""
+    """One run: the autocast dtype (float16 gets an enabled scaler), optional clipping, the
+    targets' scale, the scaler's first scale, and the counts: ``n_micro`` micro-batches in groups
+    of ``k``."""
 
     name: str
     amp_dtype: torch.dtype
     max_grad_norm: float | None = None
     target_scale: float = 1.0
+    init_scale: float = INIT_SCALE
+    n_micro: int = N_MICRO
+    k: int = ACCUMULATION
 
     def new_scaler(self) -> torch.amp.GradScaler:
-        return torch.amp.GradScaler(DEVICE_TYPE, init_scale=INIT_SCALE,
+        return torch.amp.GradScaler(DEVICE_TYPE, init_scale=self.init_scale,
                                     enabled=self.amp_dtype == torch.float16)
 
 
-SCENARIOS = (
+# What each scenario is for: the rules the lesson states, each exercised by one of them.
+RULES = (
     Scenario("float16", torch.float16),
     Scenario("float16 + clipping", torch.float16, MAX_GRAD_NORM),
     Scenario("bfloat16, disabled scaler", torch.bfloat16),
     Scenario("bfloat16 + clipping", torch.bfloat16, MAX_GRAD_NORM),
     Scenario("float16, max_grad_norm above the gradient norm", torch.float16, LOOSE_GRAD_NORM),
     Scenario("float16, gradient norm above 1", torch.float16, target_scale=LARGE_TARGETS),
+    Scenario("float16, steps skipped", torch.float16, init_scale=SKIPPING_SCALE),
 )
+
+
+def draw_scenarios(seed: int = SEED) -> tuple[Scenario, ...]:
+    """:data:`RULES`, the first with the course's counts (8 in groups of 3), the others with
+    counts drawn from :data:`SHAPES`, every shape used once before any is used twice."""
+    rng = random.Random(seed)
+    shapes = rng.sample(SHAPES, len(SHAPES))
+    return (RULES[0], *(dataclasses.replace(rule, n_micro=n, k=k) for rule, (n, k) in
+                        zip(RULES[1:], shapes, strict=False)))
+
+
+SCENARIOS = draw_scenarios()
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -118,8 +161,9 @@ def group_sizes(n_micro: int, k: int) -> list[int]:
     return [min(k, n_micro - start) for start in range(0, n_micro, k)]
 
 
-def make_micro_batches(seed: int = 0, target_scale: float = 1.0) -> tuple[nn.Module, Batches]:
-    """A small tanh MLP and ``N_MICRO`` micro-batches of a smooth regression, on the CPU.
+def make_micro_batches(seed: int = 0, target_scale: float = 1.0, n_micro: int = N_MICRO
+                       ) -> tuple[nn.Module, Batches]:
+    """A small tanh MLP and ``n_micro`` micro-batches of a smooth regression, on the CPU.
 
     tanh, not ReLU: a ReLU input near zero can flip sign between float16 and fp32 and move the
     gradient by several percent; with tanh a correct run stays within 1% of fp32 (measured).
@@ -131,9 +175,9 @@ def make_micro_batches(seed: int = 0, target_scale: float = 1.0) -> tuple[nn.Mod
                               nn.Linear(32, 1))
     generator = torch.Generator().manual_seed(seed)
     direction = torch.randn(8, 1, generator=generator)
-    inputs = torch.randn(N_MICRO * MICRO_BATCH_SIZE, 8, generator=generator)
+    inputs = torch.randn(n_micro * MICRO_BATCH_SIZE, 8, generator=generator)
     targets = torch.sin(inputs @ direction) * target_scale
-    return model, list(zip(inputs.chunk(N_MICRO), targets.chunk(N_MICRO), strict=True))
+    return model, list(zip(inputs.chunk(n_micro), targets.chunk(n_micro), strict=True))
 
 
 @dataclass
@@ -168,7 +212,7 @@ class AccumulationSpy(TrainingSpy):
 
     def group_size(self) -> int:
         """How many micro-batches the group now running should have, by the contract."""
-        return min(ACCUMULATION, max(N_MICRO - self.done, 1))
+        return min(self.scenario.k, max(self.scenario.n_micro - self.done, 1))
 
     def on_forward(self, module: nn.Module, args: tuple) -> None:
         if torch.is_grad_enabled():
@@ -235,10 +279,63 @@ class AccumulationSpy(TrainingSpy):
                                        self.step_grads or self.pre_clip or self.grads()))
 
 
-def _run(fn: Callable[..., object], scenario: Scenario) -> tuple[AccumulationSpy, Attempt, Batches]:
-    model, micro_batches = make_micro_batches(target_scale=scenario.target_scale)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
-    scaler = scenario.new_scaler()
+@dataclass(frozen=True)
+class Outcome:
+    """What a run leaves to compare: the returned losses, the parameters, the scaler's scale."""
+
+    losses: tuple[float, ...] | None
+    params: torch.Tensor
+    scale: float
+
+    @classmethod
+    def of(cls, losses: object, model: nn.Module, scaler: torch.amp.GradScaler) -> Outcome:
+        try:
+            values = tuple(float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
+                           for v in losses)  # type: ignore[union-attr]
+        except (TypeError, ValueError):
+            values = None
+        return cls(values, torch.cat([p.detach().flatten() for p in model.parameters()]),
+                   scaler.get_scale())
+
+    def difference(self, reference: Outcome, skips: bool = False) -> float | None:
+        """The largest relative difference from ``reference`` (None: the losses cannot be
+        compared, a different count or not numbers). ``skips``: the scaler skips steps here,
+        and a right answer that scales by another route (the gradients divided after unscale_)
+        overflows at other steps; then only the first group's loss, before any step, and finite
+        parameters are compared."""
+        if self.losses is None or reference.losses is None or (
+                len(self.losses) != len(reference.losses)):
+            return None
+        if skips:
+            first = abs(self.losses[0] - reference.losses[0]) / abs(reference.losses[0])
+            return first if bool(self.params.isfinite().all()) else math.inf
+        params = ((self.params - reference.params).norm() / reference.params.norm()).item()
+        losses = max((abs(a - b) / abs(b) for a, b in zip(self.losses, reference.losses,
+                                                          strict=True) if b), default=0.0)
+        scale = abs(self.scale - reference.scale) / reference.scale
+        return max(params, losses, scale) if math.isfinite(params) else math.inf
+
+
+def _problem(scenario: Scenario
+             ) -> tuple[nn.Module, Batches, torch.optim.Optimizer, torch.amp.GradScaler]:
+    model, micro_batches = make_micro_batches(target_scale=scenario.target_scale,
+                                              n_micro=scenario.n_micro)
+    return (model, micro_batches, torch.optim.SGD(model.parameters(), lr=LEARNING_RATE),
+            scenario.new_scaler())
+
+
+@functools.cache
+def _reference(scenario: Scenario) -> Outcome:
+    """What the reference answer leaves on ``scenario``."""
+    model, micro_batches, optimizer, scaler = _problem(scenario)
+    losses = reference_answer(model, optimizer, scaler, micro_batches, nn.MSELoss(), scenario.k,
+                              DEVICE_TYPE, scenario.amp_dtype, scenario.max_grad_norm)
+    return Outcome.of(losses, model, scaler)
+
+
+def _run(fn: Callable[..., object], scenario: Scenario
+         ) -> tuple[AccumulationSpy, Attempt, Batches, Outcome]:
+    model, micro_batches, optimizer, scaler = _problem(scenario)
     spy = AccumulationSpy(model, optimizer, scenario, scaler)
     given = list(micro_batches)  # the caller's list: it must be left as it was
     with ExitStack() as stack:
@@ -246,11 +343,11 @@ def _run(fn: Callable[..., object], scenario: Scenario) -> tuple[AccumulationSpy
         with left_behind("train_accumulated", models={"model": model},
                          lists={"micro_batches": given}) as spy.left:
             run = attempt(fn, model, optimizer, scaler, given, nn.MSELoss(),
-                          ACCUMULATION, DEVICE_TYPE, scenario.amp_dtype,
+                          scenario.k, DEVICE_TYPE, scenario.amp_dtype,
                           max_grad_norm=scenario.max_grad_norm)
     if run.error is None and spy.stepped:  # the last step was never followed by update()
         spy.count["step_without_update"] += 1
-    return spy, run, micro_batches
+    return spy, run, micro_batches, Outcome.of(run.value, model, scaler)
 
 
 # (what the spy counted, the key, what is wrong with {n} for how often, why it matters, the fix)
@@ -325,8 +422,8 @@ RULES = [
 
 def _process_problems(spy: AccumulationSpy, run: Attempt) -> list[Problem]:
     """Mistakes in the order of the calls, from what the spy counted."""
-    c, k, found = spy.count, ACCUMULATION, []
-    expected = group_sizes(N_MICRO, k)
+    c, k, n, found = spy.count, spy.scenario.k, spy.scenario.n_micro, []
+    expected = group_sizes(n, k)
     sizes = f"{spy.sizes} micro-batches per step where the contract asks for {expected}"
     for count, key, what, why, fix in RULES:
         if c[count]:
@@ -336,9 +433,9 @@ def _process_problems(spy: AccumulationSpy, run: Attempt) -> list[Problem]:
                 amp_dtype=spy.scenario.amp_dtype), why, fix))
     found += shared_problems(spy, spy.scenario.max_grad_norm) + spy.left
     if run.error is None and not found and spy.sizes != expected:
-        if spy.sizes == expected[:-1] and N_MICRO % k:
+        if spy.sizes == expected[:-1] and n % k:
             found.append(Problem.named(
-                REMAINDER_SKIPPED, f"The last {N_MICRO % k} micro-batches (a group shorter than "
+                REMAINDER_SKIPPED, f"The last {n % k} micro-batches (a group shorter than "
                 f"accumulation_steps={k}) got no optimizer step: {sizes}.", "Their data never "
                 "trains the model, and their gradients stay in .grad for whoever steps next.",
                 "step the short last group too, its losses divided by its own size "
@@ -372,7 +469,7 @@ def _gradient_problems(spy: AccumulationSpy, micro_batches: Batches
                        ) -> tuple[list[Problem], list[float]]:
     """Each step's gradient (before clipping) against fp32 autograd on its group as one batch,
     at the same parameters; also returns fp32's loss of each group, for the returned losses."""
-    k, r = ACCUMULATION, N_MICRO % ACCUMULATION
+    k, r = spy.scenario.k, spy.scenario.n_micro % spy.scenario.k
     model, _ = make_micro_batches()
     verdicts, reference_losses = [], []
     for i, snapshot in enumerate(spy.snapshots):
@@ -386,25 +483,27 @@ def _gradient_problems(spy: AccumulationSpy, micro_batches: Batches
         ratio = (grad.norm() / reference.norm()).item()
         parallel = nn.functional.cosine_similarity(grad, reference, dim=0).item() > 0.999
         size = snapshot.end - snapshot.first
-        if parallel and size == k and math.isclose(ratio, k, rel_tol=0.05):
+        if parallel and size > 1 and math.isclose(ratio, size, rel_tol=0.05):
             verdicts.append((LOSS_NOT_DIVIDED, i, ratio, error))
         elif parallel and size == r and math.isclose(ratio, r / k, rel_tol=0.05):
             verdicts.append((REMAINDER_DIVIDED_BY_K, i, ratio, error))
         else:
             verdicts.append((GRADIENT_NOT_LIKE_FP32, i, ratio, error))
-    return _gradient_verdict(verdicts), reference_losses
+    return _gradient_verdict(verdicts, k, r), reference_losses
 
 
-def _gradient_verdict(verdicts: list[tuple[str, int, float, float]]) -> list[Problem]:
-    """One problem for the steps whose gradient is off: the mistake their ratio points at."""
-    k, r = ACCUMULATION, N_MICRO % ACCUMULATION
+def _gradient_verdict(verdicts: list[tuple[str, int, float, float]], k: int, r: int
+                      ) -> list[Problem]:
+    """One problem for the steps whose gradient is off: the mistake their ratio points at
+    (``k`` micro-batches per group, ``r`` in the short last one)."""
     keys = {v[0] for v in verdicts}
     if LOSS_NOT_DIVIDED in keys:
         return [Problem.named(
-            LOSS_NOT_DIVIDED, f"Each full group's gradient was {k} times fp32's gradient of "
-            f"the group's {k} micro-batches taken as one batch: the micro-batch losses were "
-            "added up, not averaged.", f"With SGD (as here) every step is {k} times too long, "
-            "and clip_grad_norm_ sees a norm that grows with accumulation_steps.", "divide "
+            LOSS_NOT_DIVIDED, f"Each group's gradient was fp32's gradient of its micro-batches "
+            f"taken as one batch times the group's size ({k} for a full group): the "
+            "micro-batch losses were added up, not averaged.", f"With SGD (as here) every "
+            f"full group's step is {k} times too long, and clip_grad_norm_ sees a norm that "
+            "grows with accumulation_steps.", "divide "
             "each micro-batch's loss by the group's size before backward: "
             "scaler.scale(loss / len(group)).backward().")]
     if keys == {REMAINDER_DIVIDED_BY_K}:
@@ -443,12 +542,12 @@ def _type_problems(losses: object) -> list[Problem]:
     return []
 
 
-def _loss_problems(losses: Sequence[float], reference: Sequence[float], n_steps: int
-                   ) -> list[Problem]:
+def _loss_problems(losses: Sequence[float], reference: Sequence[float], n_steps: int,
+                   n_micro: int) -> list[Problem]:
     """One loss per step, each the group's mean micro-batch loss (fp32's on the big batch)."""
     values = [float(v) for v in losses]
     if len(values) != n_steps:
-        per = " (one per micro-batch)" if len(values) == N_MICRO else ""
+        per = " (one per micro-batch)" if len(values) == n_micro else ""
         return [Problem.named(
             BAD_LOSSES, f"train_accumulated returned {len(values)} losses{per} for {n_steps} "
             "optimizer steps.", "The contract is one loss per optimizer step.", LOSSES_FIX)]
@@ -465,16 +564,36 @@ def _loss_problems(losses: Sequence[float], reference: Sequence[float], n_steps:
     return []
 
 
+# What only describes a result (a count, a gradient, a clip, the losses): where the result is
+# the reference's in every scenario, none of these rejects the answer.
+RESULT_KEYS = frozenset({
+    LOSS_NOT_DIVIDED, REMAINDER_DIVIDED_BY_K, STEPPED_MID_GROUP, REMAINDER_SKIPPED, WRONG_GROUPS,
+    UPDATE_MID_GROUP, ZEROED_MID_GROUP, UNSCALED_MID_GROUP, GRADIENT_NOT_LIKE_FP32, BAD_LOSSES,
+    NOT_CLIPPED, OVER_CLIPPED, CLIPPED_WITHOUT_MAX, GRADS_NOT_ZEROED, NO_SCALER_UPDATE,
+    NOT_LIKE_REFERENCE})
+
+
 @EXERCISE.checker
 def check_train_accumulated(fn: Callable[..., object]) -> CheckResult:
-    """Run ``fn`` on small CPU problems (float16, float16 with clipping, bfloat16) and name every
-    mistake; about a second on a laptop CPU.
+    """Run ``fn`` beside the reference answer on :data:`SCENARIOS` and the simulated devices,
+    judge its result against the reference's, and name every mistake; a few seconds on a laptop
+    CPU.
 
     ``fn(model, optimizer, scaler, micro_batches, loss_fn, accumulation_steps, device_type,
     amp_dtype, max_grad_norm=None)`` returns one loss per optimizer step.
     """
-    return check_on_devices(EXERCISE, SCENARIOS, lambda scenario: _scenario_problems(fn, scenario),
-                            lambda device_type: _simulated(fn, device_type))
+    matched: list[bool] = []
+
+    def problems_of(scenario: Scenario) -> list[Problem]:
+        problems, right = _scenario_problems(fn, scenario)
+        matched.append(right)
+        return problems
+
+    return check_on_devices(EXERCISE, SCENARIOS, problems_of,
+                            lambda device_type: _simulated(fn, device_type),
+                            differences={NOT_LIKE_REFERENCE},
+                            right_result=lambda: bool(matched) and all(matched),
+                            result_keys=RESULT_KEYS)
 
 
 def _simulated(fn: Callable[..., object], device_type: str) -> list[Problem]:
@@ -491,13 +610,34 @@ def _simulated(fn: Callable[..., object], device_type: str) -> list[Problem]:
     return simulated_problems(seen, torch.float16)
 
 
-def _scenario_problems(fn: Callable[..., object], scenario: Scenario) -> list[Problem]:
-    spy, run, micro_batches = _run(fn, scenario)
+def _scenario_problems(fn: Callable[..., object], scenario: Scenario
+                       ) -> tuple[list[Problem], bool]:
+    """The problems of one scenario, and whether its result is the reference's."""
+    spy, run, micro_batches, outcome = _run(fn, scenario)
+    reference = _reference(scenario)
+    difference = None if run.error else outcome.difference(
+        reference, skips=scenario.init_scale > INIT_SCALE)
+    right = difference is not None and difference <= REFERENCE_RTOL
     problems = _process_problems(spy, run)
     if run.error is None:
         problems += _type_problems(run.value)
     if run.error is None and not problems:
         problems, reference_losses = _gradient_problems(spy, micro_batches)
         if not problems:
-            problems = _loss_problems(run.value, reference_losses, len(spy.sizes))
-    return problems
+            problems = _loss_problems(run.value, reference_losses, len(spy.sizes),
+                                      scenario.n_micro)
+    if run.error is None and not problems and not right:
+        mine, want = outcome.losses or (), reference.losses or ()
+        difference = math.inf if difference is None else difference
+        pairs = ", ".join(f"{a:.6g} vs {b:.6g}" for a, b in zip(mine, want, strict=False))
+        problems.append(Problem.named(
+            NOT_LIKE_REFERENCE, f"The result differs from a right answer's on the same "
+            f"micro-batches ({scenario.n_micro} in groups of {scenario.k}; losses, yours vs "
+            f"right: {pairs}; up to {difference:.2g} apart in the losses, the parameters or the "
+            f"scale, where two right answers stay within {REFERENCE_RTOL:g}).", "Each group's "
+            "step stands in for one big batch: its loss is the mean of the micro-batch losses, "
+            "each taken in float32 from the autocast forward; a sum held in 16 bits, or a step "
+            "or update that depends on anything but the group, gives other numbers.", "add "
+            "(loss / len(group)).item() into a Python float for each micro-batch, and step, "
+            "update and zero once per group."))
+    return problems, right
