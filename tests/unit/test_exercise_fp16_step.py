@@ -21,7 +21,7 @@ from amp_tutorial.exercises import checking, training_spy
 from amp_tutorial.exercises import fp16_step as exercise
 from amp_tutorial.exercises.fp16_step import check_fp16_step
 from tests.support import SOLUTIONS
-from tests.support.exercises import answers, checker_tests, problem_keys
+from tests.support.exercises import answers, checker_tests, problem_keys, variant
 
 reference_solution = runpy.run_path(str(SOLUTIONS / "fp16_step.py"))["fp16_step"]
 
@@ -138,6 +138,11 @@ def test_builder_defaults_are_the_reference_step() -> None:
 # (case, the one change to the reference step, the key the checker must report, whether GradScaler
 # also raises; the checker then reports the error too, as RAISED)
 MISTAKES = [
+    ("targets rounded to float16",
+     variant(SOLUTIONS / "fp16_step.py", "fp16_step",
+             ("loss = loss_fn(model(inputs), targets)",
+              "loss = loss_fn(model(inputs), targets.half())")),
+     exercise.NOT_LIKE_REFERENCE, False),
     ("clip before unscale_", amp_step(unscale="after clip"), exercise.CLIP_BEFORE_UNSCALE,
      False),
     ("no unscale_: clip on scaled gradients", amp_step(unscale="never"),

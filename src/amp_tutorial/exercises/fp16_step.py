@@ -30,6 +30,7 @@ from amp_tutorial.exercises.checking import (
     left_behind,
     type_problem,
 )
+from amp_tutorial.exercises.solutions.fp16_step import fp16_step as reference_answer
 from amp_tutorial.exercises.train_loop import make_exercise_problem
 from amp_tutorial.exercises.training_spy import (
     CLIP_BEFORE_UNSCALE,
@@ -63,6 +64,9 @@ OVERFLOW_SCALE = 2.0**24  # 32 times that: a correct first step must be skipped
 LOSS_RTOL = 0.01
 PARAMS_RTOL = {"SGD": 0.1, "Adam": 0.3}
 DEVICE_TYPE = "cpu"  # float16 autocast and GradScaler("cpu") both work on the CPU
+REFERENCE_RTOL = 1e-4  # the reference answer run beside the learner's on the same steps: the
+# course's right answers are bit-identical to it (a clip written by hand, with its own epsilon,
+# would differ by about 1e-5); wrong ones differ by 1e-2 or more in some scenario
 
 # Problem keys: one per mistake the checker can name.
 CLIP_WITHOUT_UNSCALE = "clip-without-unscale"
@@ -72,6 +76,7 @@ RETURNED_SCALED_LOSS = "returned-scaled-loss"
 LOSS_NOT_LIKE_FP32 = "loss-not-like-fp32"
 PARAMS_NOT_LIKE_FP32 = "params-not-like-fp32"
 OVERFLOW_NOT_HANDLED = "overflow-not-handled"
+NOT_LIKE_REFERENCE = "not-like-reference"
 __all__ = ["check_fp16_step", "make_step_problem"]
 PRAISE = ("All checks passed: autocast, the scaled backward, unscale_ before clipping, the "
           "scaler's step and update, and the returned loss are right (SGD and Adam), and an "
@@ -123,6 +128,37 @@ def _params(model: nn.Module) -> torch.Tensor:
 def _optimizer(scenario: Scenario, model: nn.Module) -> torch.optim.Optimizer:
     optimizer_class, lr = OPTIMIZERS[scenario.optimizer]
     return optimizer_class(model.parameters(), lr=lr)
+
+
+@functools.cache
+def _reference(scenario: Scenario) -> tuple[tuple[float, ...], torch.Tensor, float]:
+    """The losses, final parameters and scale of the reference answer's steps."""
+    model, data = make_step_problem()
+    optimizer = _optimizer(scenario, model)
+    scaler = torch.amp.GradScaler(DEVICE_TYPE, init_scale=scenario.init_scale)
+    losses = tuple(reference_answer(model, optimizer, scaler, inputs, targets, nn.MSELoss(),
+                                    scenario.max_grad_norm)
+                   for inputs, targets in data[:scenario.steps])
+    return losses, _params(model), scaler.get_scale()
+
+
+def reference_difference(outcome: _Outcome, scenario: Scenario) -> float:
+    """The largest relative difference of the learner's losses, parameters and scale from the
+    reference answer's on the same steps (inf where they cannot be compared)."""
+    losses, params, scale = _reference(scenario)
+    try:
+        values = [float(v.detach()) if isinstance(v := run.value, torch.Tensor) else float(v)
+                  for run in outcome.runs]
+    except (TypeError, ValueError):
+        return math.inf
+    if len(values) != len(losses) or not all(map(math.isfinite, values)):
+        return math.inf
+    worst = max(abs(v - r) / abs(r) for v, r in zip(values, losses, strict=True))
+    moved = ((outcome.params - params).norm() / (params - outcome.initial).norm()).item() if (
+        not torch.equal(params, outcome.initial)) else float(
+            not torch.equal(outcome.params, params))
+    rel = max(worst, moved, abs(outcome.scaler.get_scale() - scale) / scale)
+    return rel if math.isfinite(rel) else math.inf
 
 
 @functools.cache
@@ -395,8 +431,18 @@ def check_fp16_step(fn: StepFn) -> CheckResult:
     ``fn(model, optimizer, scaler, inputs, targets, loss_fn, max_norm)`` must do one float16
     training step with clipping and return the loss as a float. Takes well under a second.
     """
-    return check_on_devices(EXERCISE, SCENARIOS, lambda scenario: _scenario_problems(fn, scenario),
-                            lambda device_type: _simulated(fn, device_type))
+    matched: list[bool] = []
+
+    def problems_of(scenario: Scenario) -> list[Problem]:
+        problems, right = _scenario_problems(fn, scenario)
+        matched.append(right)
+        return problems
+
+    return check_on_devices(EXERCISE, SCENARIOS, problems_of,
+                            lambda device_type: _simulated(fn, device_type),
+                            differences={NOT_LIKE_REFERENCE},
+                            right_result=lambda: bool(matched) and all(matched),
+                            result_keys=RESULT_KEYS)
 
 
 def _simulated(fn: StepFn, device_type: str) -> list[Problem]:
@@ -411,12 +457,34 @@ def _simulated(fn: StepFn, device_type: str) -> list[Problem]:
     return simulated_problems(seen, torch.float16)
 
 
-def _scenario_problems(fn: StepFn, scenario: Scenario) -> list[Problem]:
+def _scenario_problems(fn: StepFn, scenario: Scenario) -> tuple[list[Problem], bool]:
+    """The problems of one scenario, and whether its result is the reference answer's."""
     outcome = _run(fn, scenario)
     problems = _step_problems(outcome, scenario) + outcome.left
     error = next((run for run in outcome.runs if run.error is not None), None)
+    difference = math.inf if error else reference_difference(outcome, scenario)
     if error is None:
         problems += _result_problems(outcome, scenario, bool(problems))
+        if not problems and difference > REFERENCE_RTOL:
+            losses = ", ".join(f"{float(run.value):.6g} vs {r:.6g}" for run, r in
+                               zip(outcome.runs, _reference(scenario)[0], strict=False))
+            problems.append(Problem.named(
+                NOT_LIKE_REFERENCE, f"After {scenario.steps} steps with {scenario.optimizer} "
+                f"the result differs from a right answer's on the same batches (losses, yours "
+                f"vs right: {losses}; up to {difference:.2g} apart in the losses, the "
+                f"parameters' change or the scale, where right answers stay within "
+                f"{REFERENCE_RTOL:g}).", "Float16 is for the forward pass under autocast: the "
+                "loss, its targets, the gradients after unscale_ and the update stay in "
+                "float32; math done in 16 bits anywhere else rounds the result.", "compute "
+                "the loss inside autocast with loss_fn(model(inputs), targets) (it runs in "
+                "float32 there) and change nothing else in the step."))
     elif crashed := error_problem(error, "fp16_step", after_others=bool(problems)):
         problems.append(crashed)  # last: often GradScaler refusing a call order named above
-    return problems
+    return problems, difference <= REFERENCE_RTOL
+
+
+# What only describes a result: where the result is the reference's in every scenario, none of
+# these rejects the answer (a different spelling of the same step is right).
+RESULT_KEYS = frozenset({
+    LOSS_NOT_LIKE_FP32, PARAMS_NOT_LIKE_FP32, OVERFLOW_NOT_HANDLED, NOT_LIKE_REFERENCE,
+    RETURNED_SCALED_LOSS, CLIP_WITHOUT_UNSCALE, CLIP_BEFORE_UNSCALE, NOT_CLIPPED})
