@@ -317,7 +317,7 @@ def test_messages_quote_what_autocast_did() -> None:
     text = str(check_autocast_settings(WRONG["bf16 with emulation counted (no "
                                              "including_emulation=False)"]))
     assert "torch.autocast(device_type='cuda', dtype=torch.bfloat16) took it without a warning" \
-        in text and "[cuda:0 (T4), xpu:0 (bf16 emulated)]" in text
+        in text and "[cuda:0 (T4); xpu:0 (bf16 emulated)]" in text
 
 
 def test_other_facts_the_messages_state() -> None:

@@ -94,6 +94,6 @@ def test_problems_are_merged_over_scenarios_in_the_order_found() -> None:
     a, b = Problem("a", "A is wrong."), Problem("b", "B is wrong.")
     result = collect([("fp16", [a]), ("bf16", [b, a])], praise="fine")
     assert [p.key for p in result.problems] == ["a", "b"]
-    assert result.problems[0].message == "[fp16, bf16] A is wrong."
+    assert result.problems[0].message == "[fp16; bf16] A is wrong."
     assert str(result).startswith("2 problem(s) found:")
     assert str(collect([("fp16", [])], praise="fine")) == "fine"

@@ -181,14 +181,14 @@ def test_report_is_plain_words_and_names_the_numbers() -> None:
     assert "65504" in first and "enabled=False" not in first  # the fix waits for a second try
     text = named_twice(check_contrastive_loss, under_autocast)
     assert "65504" in text and "enabled=False" in text and ".float()" in text
-    assert "[float16, large dot products, " in text  # the scenarios it was found in
+    assert "[float16, large dot products; " in text  # the scenarios it was found in
 
 
 def test_a_device_agnostic_mistake_shows_only_on_simulated_cuda() -> None:
     result = check_contrastive_loss(decorator_for_cpu_only)
     (problem,) = result.problems
     assert problem.message.startswith(
-        f"[{', '.join(map(simulated_name, exercise.SIMULATED_DEVICE_TYPES))}]")
+        f"[{'; '.join(map(simulated_name, exercise.SIMULATED_DEVICE_TYPES))}]")
     assert 'device_type "cpu"' in problem.message and '"cuda"' in problem.message
 
 

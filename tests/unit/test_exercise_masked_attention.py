@@ -181,12 +181,12 @@ WRONG = answers(MISTAKES)
 
 def test_messages_name_the_setting_and_the_fix() -> None:
     text = str(check_masked_attention(WRONG["scaled after the float16 matmul"]))
-    assert "[float16, float16 under autocast]" in text and "65504" in text
+    assert "[float16; float16 under autocast]" in text and "65504" in text
     text = named_twice(check_masked_attention, WRONG[".float() inside autocast, scaled after"])
     assert "[float16 under autocast]" in text and "enabled=False" in text
     text = named_twice(check_masked_attention,
                        WRONG["float32 scores with autocast off for the CPU only"])
-    assert "[simulated cuda (float16), simulated xpu (float16), simulated mps (float16)]" in text
+    assert "[simulated cuda (float16); simulated xpu (float16); simulated mps (float16)]" in text
     assert 'device_type "cpu"' in text and "q.device.type" in text
     raised = str(check_masked_attention(WRONG["masked_fill(-1e9) on float16 scores"]))
     assert exercise.OVERFLOW_ERROR in raised  # torch's own words, quoted in the message too

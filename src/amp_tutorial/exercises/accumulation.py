@@ -378,7 +378,7 @@ RULES = [
      "scaler.step(optimizer) since the last update ({n}).", "The scale must stay "
      "the same while a group's gradients add up, and update() sets it from the inf checks of the "
      "step before it; with none recorded, GradScaler raises AssertionError('No inf checks were "
-     "recorded prior to update.') (torch 2.14, any device).", "call scaler.update() once per "
+     "recorded prior to update.').", "call scaler.update() once per "
      "group, right after scaler.step(optimizer)."),
     ("step_without_update", NO_SCALER_UPDATE, "scaler.step(optimizer) was not followed by "
      "scaler.update() ({n}).", "The scale then never backs off after an overflow nor grows after "
@@ -399,7 +399,7 @@ RULES = [
      "divides the gradients so far by the scale, and the next backward adds scaled gradients to "
      "them; GradScaler allows one unscale_ per optimizer between updates and raises "
      "RuntimeError('unscale_() has already been called on this optimizer since the last "
-     "update().') on the second (torch 2.14, any device).", "after the group's last backward: "
+     "update().') on the second.", "after the group's last backward: "
      "scaler.unscale_(optimizer), clip, scaler.step(optimizer)."),
     ("not_clipped", NOT_CLIPPED, f"max_grad_norm={MAX_GRAD_NORM} was given, but the optimizer "
      "stepped with a larger gradient norm ({n}).", "The clipping the caller asked for did not "
@@ -632,8 +632,9 @@ def _scenario_problems(fn: Callable[..., object], scenario: Scenario
         problems.append(Problem.named(
             NOT_LIKE_REFERENCE, f"The result differs from a right answer's on the same "
             f"micro-batches ({scenario.n_micro} in groups of {scenario.k}; losses, yours vs "
-            f"right: {pairs}; up to {difference:.2g} apart in the losses, the parameters or the "
-            f"scale, where two right answers stay within {REFERENCE_RTOL:g}).", "Each group's "
+            f"right: {pairs}; up to {difference:.2%} apart, relatively, in the losses, the "
+            f"parameters or the scale, where two right answers stay within "
+            f"{REFERENCE_RTOL:.2%}).", "Each group's "
             "step stands in for one big batch: its loss is the mean of the micro-batch losses, "
             "each taken in float32 from the autocast forward; a sum held in 16 bits, or a step "
             "or update that depends on anything but the group, gives other numbers.", "add "

@@ -527,7 +527,8 @@ def left_behind(name: str, *, models: dict[str, nn.Module] | None = None,
 
 def collect(found: Iterable[tuple[str, Iterable[Problem]]], praise: str) -> CheckResult:
     """One result from ``(scenario name, problems)`` pairs: each problem once, its message
-    prefixed with the scenarios it was found in, in the order first found."""
+    prefixed with the scenarios it was found in (separated by semicolons: a scenario's own name
+    may hold a comma), in the order first found."""
     first: dict[str, Problem] = {}
     where: dict[str, list[str]] = {}
     for scenario, problems in found:
@@ -537,7 +538,7 @@ def collect(found: Iterable[tuple[str, Iterable[Problem]]], praise: str) -> Chec
                 where[problem.key].append(scenario)
     result = CheckResult(praise=praise)
     for key, problem in first.items():
-        result.problems.append(Problem(key, f"[{', '.join(where[key])}] {problem.message}"))
+        result.problems.append(Problem(key, f"[{'; '.join(where[key])}] {problem.message}"))
     return result
 
 

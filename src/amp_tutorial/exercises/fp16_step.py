@@ -256,7 +256,7 @@ def _step_problems(outcome: _Outcome, scenario: Scenario) -> list[Problem]:
         found.append(Problem.named(WRONG_AUTOCAST_DTYPE,
             f"autocast ran in {got}, not torch.float16.",
             "Without dtype=, torch.autocast uses the device type's default: torch.bfloat16 for "
-            "\"cpu\", torch.float16 for \"cuda\" (torch 2.14), so the same code would be a "
+            "\"cpu\", torch.float16 for \"cuda\", so the same code would be a "
             "bfloat16 step on a CPU.", "pass dtype=torch.float16."))
     found += shared_problems(spy, scenario.max_grad_norm)
     if c["backward_unscaled"]:
@@ -471,9 +471,9 @@ def _scenario_problems(fn: StepFn, scenario: Scenario) -> tuple[list[Problem], b
             problems.append(Problem.named(
                 NOT_LIKE_REFERENCE, f"After {scenario.steps} steps with {scenario.optimizer} "
                 f"the result differs from a right answer's on the same batches (losses, yours "
-                f"vs right: {losses}; up to {difference:.2g} apart in the losses, the "
-                f"parameters' change or the scale, where right answers stay within "
-                f"{REFERENCE_RTOL:g}).", "Float16 is for the forward pass under autocast: the "
+                f"vs right: {losses}; up to {difference:.2%} apart, relatively, in the losses, "
+                f"the parameters' change or the scale, where right answers stay within "
+                f"{REFERENCE_RTOL:.2%}).", "Float16 is for the forward pass under autocast: the "
                 "loss, its targets, the gradients after unscale_ and the update stay in "
                 "float32; math done in 16 bits anywhere else rounds the result.", "compute "
                 "the loss inside autocast with loss_fn(model(inputs), targets) (it runs in "

@@ -346,7 +346,7 @@ def _fill_problem(raised: bool) -> Problem:
             "fill value became -inf in float16.")
     return Problem.named(
         FILL_OVERFLOWS, what, "float16's most negative finite value is -65504, so -1e9 and "
-        "torch.finfo(torch.float32).min do not exist in it: on this CPU (torch 2.14.1) "
+        "torch.finfo(torch.float32).min do not exist in it: on a CPU "
         "masked_fill raises for them, while torch.where(mask, scores, -1e9), or an additive "
         "mask cast to float16, gives -inf silently, and a row of -inf is NaN after softmax.",
         "fill with the limit of the dtype you compute in, torch.finfo(scores.dtype).min, or "

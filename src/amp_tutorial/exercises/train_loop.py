@@ -79,6 +79,7 @@ DEVICE_TYPE = "cpu"  # fp16 and bf16 autocast and GradScaler("cpu") all work on 
 NO_BACKWARD = "no-backward"
 NO_OPTIMIZER_STEP = "no-optimizer-step"
 SCALER_NOT_CARRIED = "scaler-state-not-carried"
+SCALER_SHARED = "scaler-shared-across-calls"
 BAD_HISTORY = "bad-loss-history"
 HISTORY_NOT_LIKE_RIGHT_RUN = "history-not-like-right-run"
 __all__ = ["check_train_with_amp", "make_exercise_problem", "train_fp32"]
@@ -228,6 +229,10 @@ def _run(fn: TrainFn, scenario: Scenario) -> tuple[TrainingSpy, Attempt, list[Pr
     return spy, run, left
 
 
+def _iterations(n: int) -> str:
+    return "1 iteration" if n == 1 else f"{n} iterations"
+
+
 def _process_problems(spy: TrainingSpy, scenario: Scenario, run: Attempt) -> list[Problem]:
     """Mistakes in how the step is done, from what the spy counted."""
     c, fp16, error = spy.count, scenario.amp_dtype == torch.float16, run.error
@@ -266,8 +271,9 @@ def _process_problems(spy: TrainingSpy, scenario: Scenario, run: Attempt) -> lis
     if c["stepped_twice"]:
         calls = ", ".join(spy.twice_calls)
         found.append(Problem(STEPPED_TWICE,
-            f"The optimizer was stepped more than once in one iteration ({c['stepped_twice']} "
-            f"iterations; between one backward() and the next your code called: {calls}). "
+            f"The optimizer was stepped more than once in one iteration "
+            f"({_iterations(c['stepped_twice'])}; between one backward() and the next your code "
+            f"called: {calls}). "
             "Each batch gets one update: call scaler.step(optimizer) once (it calls "
             "optimizer.step() for you, so do not call that as well), then scaler.update()."))
     if len(spy.scalers) > 1:
@@ -280,7 +286,7 @@ def _process_problems(spy: TrainingSpy, scenario: Scenario, run: Attempt) -> lis
             "good steps. Create one GradScaler before the loops and reuse it."))
     if scaler_used and c["iterations_without_update"]:
         found.append(Problem(NO_SCALER_UPDATE,
-            f"scaler.update() is missing: {c['iterations_without_update']} iterations called "
+            f"scaler.update() is missing: {_iterations(c['iterations_without_update'])} called "
             "scaler.step(optimizer) but not scaler.update() before the next backward. Call it "
             "once after every scaler.step(optimizer), so the scale backs off after an overflow "
             "and grows again after good steps."))
@@ -292,7 +298,7 @@ def _process_problems(spy: TrainingSpy, scenario: Scenario, run: Attempt) -> lis
     if c["zeroed_before_step"]:
         found.append(Problem(GRADS_ZEROED_BEFORE_STEP,
             f"The gradients were zeroed after backward() and before the optimizer step "
-            f"({c['zeroed_before_step']} iterations), so the step had no gradients to use. "
+            f"({_iterations(c['zeroed_before_step'])}), so the step had no gradients to use. "
             "With a GradScaler in float16 and zero_grad(set_to_none=True), the gradients are "
             "None, scaler.step finds nothing to unscale and raises (\"No inf checks were "
             "recorded for this optimizer.\"); with set_to_none=False it raises nothing and "
@@ -372,10 +378,10 @@ def _history_problems(history: object, reference: Sequence[float], scenario: Sce
         pairs = ", ".join(f"{v:.6g} vs {r:.6g}" for v, r in zip(values, reference, strict=True))
         return [Problem.named(
             HISTORY_NOT_LIKE_RIGHT_RUN, f"The loss history differs from a right answer's on the "
-            f"same data (yours vs right: {pairs}; up to {worst:.2g} apart, where two right "
-            f"answers stay within {REFERENCE_RTOL:g}).", "The history is the mean of each "
-            "epoch's batch losses, each taken from the float32 loss of an AMP forward pass: "
-            "every batch counts once, also a shorter one and one whose step the scaler "
+            f"same data (yours vs right: {pairs}; up to {worst:.2%} apart, relatively, where "
+            f"two right answers stay within {REFERENCE_RTOL:.2%}).", "The history is the mean "
+            "of each epoch's batch losses, each taken from the float32 loss of an AMP forward "
+            "pass: every batch counts once, also a shorter one and one whose step the scaler "
             "skipped. A loss or its targets in 16 bits, a mean over samples, or a fixed count "
             "of batches gives other numbers.", "let loss_fn compute the loss inside autocast "
             "(it runs in float32 there), add loss.item() for every batch, and divide by "
@@ -391,7 +397,9 @@ def check_train_with_amp(fn: TrainFn) -> CheckResult:
     ``fn(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype, max_grad_norm=None)``
     must return the mean loss of each epoch. Takes a few seconds on a laptop CPU.
     """
-    return check_on_devices(EXERCISE, SCENARIOS, lambda scenario: _scenario_problems(fn, scenario),
+    earlier: list[torch.amp.GradScaler] = []  # the scalers of the calls so far
+    return check_on_devices(EXERCISE, SCENARIOS,
+                            lambda scenario: _scenario_problems(fn, scenario, earlier),
                             lambda device_type: _simulated(fn, device_type),
                             differences={HISTORY_NOT_LIKE_RIGHT_RUN})
 
@@ -408,9 +416,20 @@ def _simulated(fn: TrainFn, device_type: str) -> list[Problem]:
     return simulated_problems(seen, torch.float16)
 
 
-def _scenario_problems(fn: TrainFn, scenario: Scenario) -> list[Problem]:
+def _scenario_problems(fn: TrainFn, scenario: Scenario,
+                       earlier: list[torch.amp.GradScaler]) -> list[Problem]:
+    """The problems of one call; ``earlier`` holds the scalers of the calls before it."""
     spy, run, left = _run(fn, scenario)
     problems = _process_problems(spy, scenario, run) + left
+    if any(scaler is seen for scaler in spy.scalers for seen in earlier):
+        problems.append(Problem.named(
+            SCALER_SHARED, "The same GradScaler object scaled the losses of separate calls of "
+            "train_with_amp: it was made once, outside the function.", "Its scale and its count "
+            "of good steps carry over from one training run to the next: after a run where "
+            "float16 overflowed and the scale backed off, the next run starts from there, and "
+            "a scale that collapsed to 6e-8 never lets the next run train.", "create the "
+            "GradScaler inside train_with_amp, once, before the loops."))
+    earlier.extend(spy.scalers)
     if run.error is None:
         reference = _reference(scenario, scaler_settings(spy))
         problems += _history_problems(run.value, reference, scenario, bool(problems))
