@@ -218,23 +218,27 @@ assert quiz.all_correct, "not all answers are right yet: change them above and r
 # checker's problem is the same at every preset; the numbers below were measured on a CPU.
 #
 # 1. **Record the scaled loss.** In your `train_with_amp`, replace `loss.item()` with
-#    `scaler.scale(loss).item()`. The checker names one problem, in both float16 runs: "The losses
-#    are about 6.55e+04 times the fp32 losses: that is the scaled loss." The bfloat16 run passes: a
-#    disabled scaler returns the loss unchanged, so in bf16 mode the course model's curve does not
-#    move either (at `smoke`). In fp16 mode it starts at 18323 instead of 0.2796 at `smoke` (21919
-#    instead of 0.3345 at `cpu`), 65536 times too large, and the plot cell stops at "AMP trained
-#    much worse than fp32".
-# 2. **Clip without unscaling.** Delete the `scaler.unscale_(optimizer)` line. Only the "float16 +
-#    clipping" run fails: "The gradients were changed (clipped?) between backward and
-#    scaler.unscale_". Without clipping, `scaler.step` unscales by itself, so the other runs pass,
-#    and the course model, trained without `max_grad_norm`, gives the same losses to the last bit
-#    (at `smoke`, both modes). Quiz question 4 says what this mistake does to SGD and to Adam.
+#    `scaler.scale(loss).item()`. The checker names one problem, in every float16 run: "The
+#    losses are about 6.55e+04 times a right answer's losses: that is the scaled loss." The
+#    bfloat16 runs pass: a disabled scaler returns the loss unchanged, so in bf16 mode the course
+#    model's curve does not move either (at `smoke`). In fp16 mode it starts at 18323 instead of
+#    0.2796 at `smoke` (21919 instead of 0.3345 at `cpu`), 65536 times too large, and the plot
+#    cell stops at "AMP trained much worse than fp32".
+# 2. **Clip without unscaling.** Delete the `scaler.unscale_(optimizer)` line. Only the two
+#    float16 runs that clip fail ("float16 + clipping", and the one whose `max_grad_norm` is above
+#    the true gradient norm but far below the scaled one): "The gradients were changed (clipped?)
+#    between backward and scaler.unscale_". Without clipping, `scaler.step` unscales by itself, so
+#    the other runs pass, and the course model, trained without `max_grad_norm`, gives the same
+#    losses to the last bit (at `smoke`, both modes). Quiz question 4 says what this mistake does
+#    to SGD and to Adam.
 # 3. **A new GradScaler every batch.** Move the `scaler = torch.amp.GradScaler(...)` line into the
-#    batch loop. The checker counts "16 different GradScaler objects" in each float16 run (4 epochs
-#    of 4 batches), yet the course model's fp16 curve is the same as with one scaler, to the last
-#    bit at `smoke` and in every printed digit at `cpu` (final loss 0.1524 and 0.0691): no step
-#    overflowed, so the right loop's scale stayed at 65536 too. The bug shows only after an
-#    overflow, which a fresh scaler never remembers, or after 2000 good steps, when it never grows.
+#    batch loop. The checker counts one GradScaler object per batch in each float16 run ("12
+#    different GradScaler objects" in the first: 3 epochs of 4 batches), yet the course model's
+#    fp16 curve is the same as with one scaler, to the last bit at `smoke` and in every printed
+#    digit at `cpu` (final loss 0.1524 and 0.0691): no step overflowed, so the right loop's scale
+#    stayed at 65536 too. The bug shows only after an overflow, which a fresh scaler never
+#    remembers, or after 2000 good steps, when it never grows. (The checker's "steps skipped" run
+#    overflows on purpose: there the fresh scalers skip every step.)
 
 # %% [markdown]
 # ## What to remember
