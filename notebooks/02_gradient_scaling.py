@@ -386,8 +386,9 @@ print(f"update norm, first -> last step: unscale_ first {right['update'].iloc[0]
 #
 # Write `fp16_step`: zero the gradients, run the forward pass and the loss under float16 autocast
 # for `inputs.device.type`, then this section's five lines; return the loss as a float. The checker
-# runs a few steps of a small CPU problem with SGD and Adam, compares the weights with fp32's, and
-# starts one run at scale 2^24 so the first step overflows: it must be skipped, the scale halved.
+# runs a few steps of a small CPU problem with SGD and Adam beside a right answer, compares the
+# losses, weights and scale with its, and starts one run at scale 2^24 so the first step
+# overflows: it must be skipped, the scale halved.
 
 # %% tags=["exercise"] solution="fp16_step.py"
 # YOUR CODE: replace the body, run this cell, then the checker below.

@@ -213,8 +213,8 @@ for use_amp in (False, True):
 # micro-batches, in order; a shorter last group steps too. Each step's gradient is that of its
 # group as one batch (divide by the group's size), clipped to `max_grad_norm` if given. Use the
 # `scaler` passed in (disabled for bfloat16) and return one float per step: the group's mean
-# loss. The checker runs your function on the CPU in float16 and bfloat16, watches the calls, and
-# compares every step's gradient with fp32 on the group as one batch.
+# loss. The checker runs your function beside a right answer (CPU, float16 and bfloat16, counts
+# that do not always divide) and compares the results; where they differ, it names the mistake.
 
 # %% tags=["exercise"] solution="train_accumulated.py"
 # YOUR CODE: replace the body of this function, run this cell, then the checker below.
