@@ -229,8 +229,8 @@ assert quiz.all_correct, "not all answers are right yet: change them above and r
 #    the true gradient norm but far below the scaled one): "The gradients were changed (clipped?)
 #    between backward and scaler.unscale_". Without clipping, `scaler.step` unscales by itself, so
 #    the other runs pass, and the course model, trained without `max_grad_norm`, gives the same
-#    losses to the last bit (at `smoke`, both modes). Quiz question 4 says what this mistake does
-#    to SGD and to Adam.
+#    losses to the last bit (at `smoke`, both modes).
+#    Quiz question 4 says what this mistake does to SGD and to Adam.
 # 3. **A new GradScaler every batch.** Move the `scaler = torch.amp.GradScaler(...)` line into the
 #    batch loop. The checker counts one GradScaler object per batch in each float16 run ("12
 #    different GradScaler objects" in the first: 3 epochs of 4 batches), yet the course model's

@@ -709,36 +709,6 @@ def test_a_loss_fn_and_a_step_together_are_refused():
                     step=lambda model, batch: model(batch).sum(), **OPTIONS)
 
 
-def test_a_hugging_face_gpt2_is_checked_as_it_comes():
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed "
-                                       "(not in the lock; issue 43 item 3 decides)")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64,
-                                     n_positions=32)
-    model = transformers.GPT2LMHeadModel(config)  # built from a config: nothing downloaded
-    ids = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
-    expected = first_loss(model, lambda m: m(**batch).loss)
-    report = checkup(model, batch, dtype=torch.bfloat16, **OPTIONS)
-    assert isinstance(report, Checkup), report
-    assert report.losses["fp32"][0] == pytest.approx(expected, rel=1e-5)
-    assert report.ran_low("transformer.h.0")
-
-
-def test_a_torchvision_resnet_is_checked_with_its_loss_fn():
-    models = pytest.importorskip("torchvision.models", reason="torchvision is not installed "
-                                 "(not in the lock; issue 43 item 3 decides)")
-    torch.manual_seed(0)
-    model = models.resnet18(weights=None, num_classes=10)  # random weights: nothing downloaded
-    generator = torch.Generator().manual_seed(0)
-    batch = (torch.randn(4, 3, 32, 32, generator=generator),
-             torch.randint(0, 10, (4,), generator=generator))
-    report = checkup(model, batch, nn.functional.cross_entropy, dtype=torch.bfloat16,
-                     **OPTIONS)
-    assert isinstance(report, Checkup), report
-    assert report.ran_low("conv1") and report.ran_low("fc")
-
-
 # --- every advice line, followed, makes the model agree with fp32 (issue 43, item 2) ---
 
 def advised(report, words):
