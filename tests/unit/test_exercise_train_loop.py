@@ -231,34 +231,12 @@ MISTAKES = [
      amp_loop(history=lambda losses, scaled, n: [x.item() for x in losses[n - 1::n]]),
      exercise.HISTORY_NOT_LIKE_RIGHT_RUN, False),
 ]
-def shared_scaler() -> Callable[..., object]:
-    """A train_with_amp whose GradScaler is made once, outside the function (a notebook's
-    global), and used by every call."""
-    scaler = torch.amp.GradScaler("cpu")
-
-    def train_with_amp(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype,
-                       max_grad_norm=None):
-        history = []
-        for _ in range(epochs):
-            total = 0.0
-            for inputs, targets in data:
-                optimizer.zero_grad(set_to_none=True)
-                with torch.autocast(device_type=device_type, dtype=amp_dtype):
-                    loss = loss_fn(model(inputs), targets)
-                scaler.scale(loss).backward()
-                if max_grad_norm is not None:
-                    scaler.unscale_(optimizer)
-                    nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-                scaler.step(optimizer)
-                scaler.update()
-                total += loss.item()
-            history.append(total / len(data))
-        return history
-
-    return train_with_amp
-
-
-MISTAKES.append(("one GradScaler for every call (a module-level global)", shared_scaler(),
+MISTAKES.append(("one GradScaler for every call (a module-level global)",
+                 variant(SOLUTION, "train_with_amp",
+                         ("import torch\n",
+                          'import torch\n\nscaler = torch.amp.GradScaler("cpu")\n'),
+                         ("    scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == "
+                          "torch.float16)\n", "")),
                  exercise.SCALER_SHARED, False))
 WRONG = answers(MISTAKES)
 

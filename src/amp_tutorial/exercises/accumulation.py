@@ -56,7 +56,7 @@ from amp_tutorial.exercises.training_spy import (
     OVER_CLIPPED,
     WRONG_AUTOCAST_DTYPE,
     TrainingSpy,
-    check_on_devices,
+    check_against_reference,
     shared_problems,
     simulated_device,
     simulated_problems,
@@ -581,18 +581,10 @@ def check_train_accumulated(fn: Callable[..., object]) -> CheckResult:
     ``fn(model, optimizer, scaler, micro_batches, loss_fn, accumulation_steps, device_type,
     amp_dtype, max_grad_norm=None)`` returns one loss per optimizer step.
     """
-    matched: list[bool] = []
-
-    def problems_of(scenario: Scenario) -> list[Problem]:
-        problems, right = _scenario_problems(fn, scenario)
-        matched.append(right)
-        return problems
-
-    return check_on_devices(EXERCISE, SCENARIOS, problems_of,
-                            lambda device_type: _simulated(fn, device_type),
-                            differences={NOT_LIKE_REFERENCE},
-                            right_result=lambda: bool(matched) and all(matched),
-                            result_keys=RESULT_KEYS)
+    return check_against_reference(EXERCISE, SCENARIOS,
+                                   lambda scenario: _scenario_problems(fn, scenario),
+                                   lambda device_type: _simulated(fn, device_type),
+                                   {NOT_LIKE_REFERENCE}, RESULT_KEYS)
 
 
 def _simulated(fn: Callable[..., object], device_type: str) -> list[Problem]:

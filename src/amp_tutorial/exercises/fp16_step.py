@@ -44,7 +44,7 @@ from amp_tutorial.exercises.training_spy import (
     STEPPED_TWICE,
     WRONG_AUTOCAST_DTYPE,
     TrainingSpy,
-    check_on_devices,
+    check_against_reference,
     shared_problems,
     simulated_device,
     simulated_problems,
@@ -431,18 +431,10 @@ def check_fp16_step(fn: StepFn) -> CheckResult:
     ``fn(model, optimizer, scaler, inputs, targets, loss_fn, max_norm)`` must do one float16
     training step with clipping and return the loss as a float. Takes well under a second.
     """
-    matched: list[bool] = []
-
-    def problems_of(scenario: Scenario) -> list[Problem]:
-        problems, right = _scenario_problems(fn, scenario)
-        matched.append(right)
-        return problems
-
-    return check_on_devices(EXERCISE, SCENARIOS, problems_of,
-                            lambda device_type: _simulated(fn, device_type),
-                            differences={NOT_LIKE_REFERENCE},
-                            right_result=lambda: bool(matched) and all(matched),
-                            result_keys=RESULT_KEYS)
+    return check_against_reference(EXERCISE, SCENARIOS,
+                                   lambda scenario: _scenario_problems(fn, scenario),
+                                   lambda device_type: _simulated(fn, device_type),
+                                   {NOT_LIKE_REFERENCE}, RESULT_KEYS)
 
 
 def _simulated(fn: StepFn, device_type: str) -> list[Problem]:

@@ -423,3 +423,24 @@ def check_on_devices(exercise: Exercise, scenarios: Iterable[S],
                       [p for p in simulated_of(device_type)
                        if not named & _EXPLAINED_BY.get(p.key, set())]))
     return exercise.report(found)
+
+
+def check_against_reference(exercise: Exercise, scenarios: Iterable[S],
+                            judged_of: Callable[[S], tuple[list[Problem], bool]],
+                            simulated_of: Callable[[str], list[Problem]],
+                            differences: set[str] | frozenset[str],
+                            result_keys: set[str] | frozenset[str]) -> CheckResult:
+    """:func:`check_on_devices` for a checker that runs the reference answer beside the
+    learner's: ``judged_of(scenario)`` gives the scenario's problems and whether its result
+    matched the reference's; where every one did, the ``result_keys`` are left out."""
+    matched: list[bool] = []
+
+    def problems_of(scenario: S) -> list[Problem]:
+        problems, right = judged_of(scenario)
+        matched.append(right)
+        return problems
+
+    return check_on_devices(exercise, scenarios, problems_of, simulated_of,
+                            differences=differences,
+                            right_result=lambda: bool(matched) and all(matched),
+                            result_keys=result_keys)
