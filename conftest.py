@@ -7,7 +7,7 @@ teach. Notebooks run at the ``smoke`` preset unless AMP_TUTORIAL_PRESET is set.
 
 Each lesson runs in two dtype modes on every supported torch release: the lock's (this
 interpreter; ids ``::auto::`` and ``::fp16::``) and each of ``amp_tutorial.versions.OTHER_TORCHES``
-in its overlay venv (``tests/support/torch_envs.py``; ids ``::torch2.9.0-auto::`` ...), and once
+in its overlay venv (``tests/support/torch_envs.py``; ids ``::torch2.9.1-auto::`` ...), and once
 more on the lock's torch as an AVX2-only CPU runs it (``::avx2-auto::``), where that changes
 which kernels run (not on an AVX2-only CPU, which runs so already).
 """

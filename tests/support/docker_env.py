@@ -29,12 +29,13 @@ import pytest
 from amp_tutorial import versions
 from tests.support import ROOT, missing_tool
 
-# The Docker variants' bases ship torch 2.9 (amp_tutorial.versions), so the stand-in does too:
+# The stand-in runs the CUDA variant's base torch (versions.DOCKER_TEST_TORCH, 2.9.0; every lesson
+# runs on the ROCm default's 2.9.1 in an overlay):
 # PyPI's wheel (a CUDA build: it runs on a CPU, and brings its CUDA libraries, about 4 GB).
 # AMP_TUTORIAL_TEST_TORCH_WHEEL names a local wheel instead (a CPU build from another index).
 TORCH_WHEEL = os.environ.get("AMP_TUTORIAL_TEST_TORCH_WHEEL")
 TORCH_VERSION = (Path(TORCH_WHEEL).name.split("-")[1] if TORCH_WHEEL
-                 else versions.OTHER_TORCHES[0])  # the floor
+                 else versions.DOCKER_TEST_TORCH)  # the CUDA variant's base
 # The cache key: change the recipe version when build_base_image changes.
 BASE_TAG = "amp-tutorial-test-base:bookworm-r2-torch-" + TORCH_VERSION.replace("+", "-")
 DEBIAN_MIRROR = "http://deb.debian.org/debian"

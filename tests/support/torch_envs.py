@@ -130,7 +130,17 @@ def check_overlay(torch_version: str) -> str:
     return result.stdout.strip()
 
 
+def stale_overlays() -> list[Path]:
+    """Overlays in the cache that no release in OTHER_TORCHES (at this RECIPE) uses: a release
+    the tests dropped, or an older recipe. About 7 GB each."""
+    wanted = {overlay_dir(version) for version in OTHER_TORCHES}
+    return sorted(path for path in CACHE.glob("torch-*") if path.is_dir() and path not in wanted)
+
+
 def main() -> None:
+    for path in stale_overlays():
+        print(f"removing {path.name}: no test runs it any more", flush=True)
+        shutil.rmtree(path, ignore_errors=True)
     for version in OTHER_TORCHES:
         if overlay_python(version) is None:
             print(

@@ -64,6 +64,24 @@ def test_check_refuses_a_torch_outside_the_range_in_one_line() -> None:
     assert len(lines) == 1 and "2.8.0" in lines[0] and versions.SUPPORTED_RANGE in lines[0], lines
 
 
+def test_the_docker_defaults_torch_runs_every_lesson() -> None:
+    # the default variant's base is rocm/pytorch ..._release_2.9.1 (torchao 0.15.0): issue 46
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    default_base = re.search(r"ARG BASE_IMAGE=rocm/pytorch:\S*release_(\d+\.\d+\.\d+)", dockerfile)
+    assert default_base is not None, "the Dockerfile's default base is no rocm/pytorch release"
+    assert default_base.group(1) in versions.OTHER_TORCHES
+
+
+@pytest.mark.parametrize(("version", "tested"), [
+    ("2.9.0+cu128", True), ("2.9.1+rocm7.1", True), ("2.9.2", False), ("2.10.0", False),
+    ("2.11.0", True), ("2.11.1", True), ("2.12.0", False), ("2.13.0", False), ("2.14.0", True),
+])
+def test_untested_releases_are_named(version: str, tested: bool) -> None:
+    assert versions.is_tested(version) is tested
+    assert (versions.parse(version)[:2] in versions.UNTESTED_RELEASES) is (
+        not tested and versions.parse(version)[:2] != (2, 9))
+
+
 def test_the_image_checks_its_base_and_picks_torchao_by_torch() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "amp-tutorial-versions.py --check" in dockerfile
