@@ -275,17 +275,17 @@ for case in make_cases():  # the two inputs the checker below uses
 
 # %% [markdown]
 # Write `contrastive_loss(queries, keys, temperature)`. It is called **inside** an autocast
-# region, with `queries` and `keys` of shape `(N, D)` in float16 or bfloat16, on any device. It
-# returns the mean over i of the cross-entropy of row i of the logits with target i, as a 0-dim
-# float32 tensor computed in fp32, and gradients flow back to both inputs.
+# region (or none), with `queries` and `keys` of shape `(N, D)` in float16, bfloat16 or float32, on
+# any device. It returns the mean over i of the cross-entropy of row i of the logits with target
+# i, as a 0-dim float32 tensor computed in fp32, and gradients flow back to both inputs.
 #
 # The checker calls your function inside CPU autocast (float16, then bfloat16) on those two
-# inputs, and compares the loss and both gradients with an fp32 reference computed outside
-# autocast. It does not read your source: it watches autocast's state at each torch call you
-# make, the dtype each kernel ran in and the autocast regions you enter, so it can say which
-# mistake it saw. Last runs on fake CUDA, XPU and MPS tensors (shapes and dtypes, no values) check
-# that your code also keeps fp32 on a GPU (where a fake device cannot run an op, that run is left
-# unjudged).
+# inputs, then on drawn ones (other N, D, temperatures and dtypes, autocast on or off, once under
+# `torch.no_grad()`), comparing the loss and gradients with a right answer's. It does not read
+# your source: it watches autocast's state at each torch call, the dtype each kernel ran in and
+# the autocast regions you enter, so it can name the mistake it saw. Last runs on fake CUDA, XPU
+# and MPS tensors (shapes and dtypes, no values) check that your code keeps fp32 on a GPU too
+# (where a fake device cannot run an op, that run is left unjudged).
 
 # %% tags=["exercise"] solution="contrastive_loss.py"
 # YOUR CODE: replace the body of this function, run this cell, then run the checker below.

@@ -156,9 +156,11 @@ assert sdpa_out[1].eq(0).all() and torch.isfinite(sdpa_out).all()
 # - Stay right in float16 when q·k exceeds 65504 before the scale.
 #
 # The checker calls your function on the CPU with float16 tensors, with float16 tensors under
-# `torch.autocast("cpu", dtype=torch.float16)`, and with float32 tensors; on a random mask with
-# fully masked rows, a causal mask, scores of 18 after scaling, and q·k of 262144 before scaling.
-# It compares each result with attention computed in float64 and names each mistake it sees. Then
+# `torch.autocast("cpu", dtype=torch.float16)`, and with float32 and bfloat16 tensors; on a random
+# mask with fully masked rows, a causal mask, scores of 18 after scaling, q·k of 262144 before
+# scaling, and drawn inputs: other shapes and mask patterns, and the entries of 40 above with
+# opposite signs. It compares each result with a right answer's on the same inputs (as close as
+# the inputs' precision allows) and names each mistake it sees. Then
 # it runs your function once more on fake CUDA, XPU and MPS tensors (shapes and dtypes, no values)
 # under their float16 autocast, where an autocast switched off for the CPU alone does nothing.
 # SDPA and hand-written attention both pass.

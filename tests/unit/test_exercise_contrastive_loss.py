@@ -146,6 +146,37 @@ def targets_on_the_cpu(q, k, t):  # right on the CPU; a GPU raises (a device mis
         return F.cross_entropy(q.float() @ k.float().T / t, torch.arange(len(q)))
 
 
+# Mistakes that only the drawn scenarios show (issue 44): the four fixed ones are 16-bit inputs
+# of 16 pairs inside autocast, with grad on.
+def fp32_inputs_left_to_autocast(q, k, t):  # 16-bit math where fp32 was asked, for fp32 inputs
+    if q.dtype == torch.float32:
+        return F.cross_entropy(q @ k.T / t, targets(q))
+    return reference_solution(q, k, t)
+
+
+def fp32_only_under_autocast(q, k, t):  # with no autocast around the call, 16 bits as given
+    if not torch.is_autocast_enabled(q.device.type):
+        return F.cross_entropy(q @ k.T / t, targets(q)).float()
+    return reference_solution(q, k, t)
+
+
+def keeps_the_logits_gradient(q, k, t):  # raises under torch.no_grad(): nothing to retain
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        logits = q.float() @ k.float().T / t
+        logits.retain_grad()
+        return F.cross_entropy(logits, targets(q))
+
+
+def mean_over_16_pairs(q, k, t):  # the batch size of the fixed inputs, written in
+    return reference_solution(q, k, t) * len(q) / 16 if len(q) != 16 else reference_solution(
+        q, k, t)
+
+
+def targets_for_16_pairs(q, k, t):
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        return F.cross_entropy(q.float() @ k.float().T / t, torch.arange(16))
+
+
 # (case, function, the key the checker must report, whether torch also raises)
 MISTAKES = [
     ("computed under autocast unchanged", under_autocast, exercise.UNDER_AUTOCAST, False),
@@ -173,6 +204,15 @@ MISTAKES = [
     ("returns None", returns_none, checking.WRONG_RETURN, False),
     ("returns a tuple", returns_a_tuple, checking.WRONG_RETURN, False),
     ("targets made on the CPU", targets_on_the_cpu, checking.RAISED, True),
+    ("float32 inputs left to the caller's autocast", fp32_inputs_left_to_autocast,
+     exercise.UNDER_AUTOCAST, False),
+    ("fp32 only when autocast is on", fp32_only_under_autocast, exercise.UNDER_AUTOCAST, False),
+    ("retain_grad on the logits: raises under torch.no_grad()", keeps_the_logits_gradient,
+     checking.RAISED, True),
+    ("the sum divided by 16 whatever the batch size", mean_over_16_pairs, exercise.WRONG_VALUE,
+     False),
+    ("targets for 16 pairs whatever the batch size", targets_for_16_pairs, checking.RAISED,
+     True),
 ]
 
 
@@ -228,6 +268,36 @@ def cast_with_no_op_that_autocast_lowers(queries, keys, temperature):
     return F.cross_entropy(similarities / temperature, targets(q))
 
 
+def log_softmax_diagonal_in_float64(queries, keys, temperature):
+    with torch.autocast(device_type=queries.device.type, enabled=False):
+        logits = queries.double() @ keys.double().mT / temperature
+        return -logits.log_softmax(dim=1).diagonal().mean().float()
+
+
+def custom_fwd_cast_inputs(queries, keys, temperature):
+    return _Fp32Loss.apply(queries, keys, temperature)
+
+
+class _Fp32Loss(torch.autograd.Function):
+    """Lesson 07's own tool: custom_fwd(cast_inputs=float32) casts and turns autocast off."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
+    def forward(ctx, queries, keys, temperature):
+        ctx.save_for_backward(queries, keys)
+        ctx.temperature = temperature
+        return fp32_loss(queries, keys, temperature)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    def backward(ctx, grad):
+        queries, keys = ctx.saved_tensors
+        with torch.enable_grad():
+            q, k = queries.detach().requires_grad_(), keys.detach().requires_grad_()
+            dq, dk = torch.autograd.grad(fp32_loss(q, k, ctx.temperature), (q, k), grad)
+        return dq, dk, None
+
+
 CORRECT = {
     "reference: torch.autocast(..., enabled=False), .float(), @, F.cross_entropy":
         reference_solution,
@@ -237,6 +307,7 @@ CORRECT = {
         decorated_per_call_in_float64,
     "inputs cast, autocast left on, no op on a lower-precision list":
         cast_with_no_op_that_autocast_lowers,
+    "float64, log_softmax, the diagonal's mean": log_softmax_diagonal_in_float64,
 }
 
 
@@ -244,6 +315,54 @@ test_each_mistake_is_named, test_every_problem_key_has_a_case, test_correct_answ
     checker_tests(check_contrastive_loss, MISTAKES,
                   problem_keys(exercise, exercise.DEVICE_TYPE, exercise.PRAISE),
                   CORRECT, exercise.PRAISE))
+
+
+def test_mistakes_only_the_drawn_scenarios_show_are_named_in_plain_words() -> None:
+    text = str(check_contrastive_loss(fp32_only_under_autocast))
+    assert "computed in 16 bits: with no autocast around the call" in text
+    assert "[bfloat16 inputs, no autocast, drawn 3" in text and "float16, large" not in text
+    text = str(check_contrastive_loss(fp32_inputs_left_to_autocast))
+    assert "[float32 inputs, under float16 autocast, drawn 1" in text
+    assert "autocast casting your float32 inputs down" in text
+    text = str(check_contrastive_loss(keeps_the_logits_gradient))
+    assert text.count("[") == 1 and "torch.no_grad()" in text and "retain_grad" in text
+
+
+def test_the_drawn_scenarios_exercise_every_rule_and_repeat() -> None:
+    """Batch sizes, widths and temperatures other than the fixed inputs'; float16, bfloat16 and
+    float32 inputs; autocast of either dtype and none; a call under torch.no_grad(); the same
+    draw every time; a loss that is neither ~0 nor overflowing, so every pair counts."""
+    drawn = exercise._drawn_scenarios()
+    assert [s.name for s in drawn] == [s.name for s in exercise._drawn_scenarios()]
+    assert {s.dtype for s in drawn} == {torch.float16, torch.bfloat16, torch.float32}
+    assert {s.amp_dtype for s in drawn} == {torch.float16, torch.bfloat16, None}
+    assert any(s.no_grad for s in drawn) and not all(s.no_grad for s in drawn)
+    assert len({len(s.case.queries) for s in drawn} - {exercise.N_PAIRS}) >= 3
+    assert len({s.case.temperature for s in drawn}) >= 3
+    assert any(s.dtype == torch.float32 and s.amp_dtype for s in drawn)  # autocast casts down
+    for s in drawn:
+        loss = exercise.reference_loss(s.case.queries, s.case.keys, s.case.temperature)
+        assert 0.1 < loss < 30, s.name
+        for dtype in exercise.LOW:
+            assert torch.equal(s.case.queries.to(dtype).float(), s.case.queries)
+
+
+def test_the_tolerance_lets_right_answers_in_and_16_bit_math_out() -> None:
+    """On every scenario the right spellings stay within TOLERANCE / 10 of the reference
+    answer's loss (relative to the largest logit; measured: 6.3e-8), and the same loss computed
+    in float16 is outside TOLERANCE * 10 (measured: 2.4e-5 or more, or not finite)."""
+    for scenario in exercise.SCENARIOS:
+        case = scenario.case
+        reference = exercise._reference(scenario)[0]
+        for fn in CORRECT.values():
+            q, k = exercise._inputs(case, scenario.dtype)
+            with exercise._caller(scenario):
+                value = fn(q, k, case.temperature)
+            assert abs(value - reference) < case.tolerance / 10, scenario.name
+        q, k = exercise._inputs(case, scenario.dtype)
+        with exercise._caller(scenario):
+            fp16 = fp32_loss(q.half(), k.half(), case.temperature).float()
+        assert not abs(fp16 - reference) < 10 * case.tolerance, scenario.name
 
 
 # -- the inputs and the facts the messages state ---------------------------------------------------
