@@ -378,11 +378,11 @@ assert grad_dtypes == {torch.float32}  # gradients land on the fp32 weights, in 
 # dtypes and lists float16 first; this exercise takes bfloat16 wherever it is native.
 #
 # The checker calls your function for the CPU, `cuda:0` on a simulated Ampere GPU (native bf16)
-# and T4 (bf16 only emulated), `mps`, and `xpu:0` with and without native bf16. It simulates a
-# device by replacing, during the call, `torch.cuda.is_available`, `torch.cuda.is_bf16_supported`,
-# `torch.cuda.get_device_capability`, `torch.backends.mps.is_available`, `torch.xpu.is_available`
-# and `torch.xpu.is_bf16_supported`: call those inside your function, and no other device query.
-# Then it hands your answer to `torch.autocast` and quotes what autocast does with it.
+# and T4 (bf16 only emulated), `mps`, `xpu:0` with and without native bf16, and devices drawn at
+# random (other GPUs and indices), beside a right answer. It fakes, during the call,
+# `torch.cuda.is_available`, `torch.cuda.is_bf16_supported`, `torch.cuda.get_device_capability`,
+# `torch.backends.mps.is_available`, `torch.xpu.is_available` and `torch.xpu.is_bf16_supported`
+# (ask no other device query), then quotes what `torch.autocast` does with your answer.
 
 # %% tags=["exercise"] solution="autocast_settings.py"
 # YOUR CODE: replace the body of this function, run this cell, then run the checker below.

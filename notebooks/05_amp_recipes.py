@@ -326,12 +326,12 @@ fig = plot_resume(straight, {"resumed from the checkpoint": after_resume,
 # %% [markdown]
 # ### Exercise: write `save` and `load`
 #
-# `save(path, model, optimizer, scaler, step)` writes a checkpoint to `path` (a `pathlib.Path`);
+# `save(path, model, optimizer, scaler, step)` writes a checkpoint to `path` (a `pathlib.Path`;
+# files beside it are fine, JSON too; `torch.load` must read its files with `weights_only=True`);
 # `load(path, model, optimizer, scaler)` restores it into the objects it is given and returns the
-# step. The checker trains a small network with a BatchNorm on the CPU in float16 with a GradScaler
-# and Adam (its learning rate decaying every step), saves after step 3, loads into fresh objects,
-# trains on, and compares with a run that never stopped: the state right after load (buffers and
-# learning rate too), the parameters bit for bit (`torch.equal`), the scale after every step.
+# step. The checker trains a BatchNorm network on the CPU (fp16 with a GradScaler that skipped
+# steps, bf16 with a disabled one; Adam, SGD; a decaying lr), saves, loads into fresh objects,
+# trains on, and compares bit for bit with a run that never stopped (scale after every step too).
 
 # %% tags=["exercise"] solution="save_and_load.py"
 # YOUR CODE: replace both bodies, run this cell, then the checker below.

@@ -4,25 +4,30 @@ facts its messages state hold for the installed torch.
 ``settings()`` builds the reference answer; each wrong case changes exactly one thing in it, so the
 checker must report that mistake's key and nothing else. The right spellings are written out by
 hand, each differently (an if/elif chain, a dict of rules, ``getattr(torch, device.type)``,
-``match``, the compute capability).
+``match``, the compute capability). The checker runs the reference answer beside the learner's on
+the course's devices and on drawn ones (issue 44): an answer equal to the reference's passes.
 """
 
 from __future__ import annotations
 
 import inspect
 import runpy
+import time
 import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import NamedTuple
 from unittest import mock
 
+import numpy as np
 import pytest
 import torch
 
 from amp_tutorial.exercises import autocast_settings as exercise
 from amp_tutorial.exercises import checking
 from amp_tutorial.exercises.autocast_settings import (
+    ALL_SCENARIOS,
+    DRAWN,
     SCENARIOS,
     SIMULATED,
     autocast_reaction,
@@ -67,7 +72,8 @@ def settings(
 
 
 def test_builder_defaults_are_the_reference() -> None:
-    for scenario in SCENARIOS:
+    """And the reference follows the course's rule on every device, drawn ones too."""
+    for scenario in ALL_SCENARIOS:
         with ExitStack() as stack:
             simulate(scenario, stack)
             answers = {reference_solution(scenario.device), settings()(scenario.device)}
@@ -203,6 +209,21 @@ def with_capability(device):
     return AmpSettings(device.type, dtype, use_scaler=not native)
 
 
+DTYPES = {True: (torch.bfloat16, False), False: (torch.float16, True)}  # native -> settings
+
+
+def with_table(device):
+    """Native bf16 from the capability tuple (NVIDIA) and a table of results."""
+    kind = device.type
+    if kind == "cuda":
+        native = torch.cuda.get_device_capability(device) >= (8, 0)
+    elif kind == "xpu":
+        native = torch.xpu.is_bf16_supported(including_emulation=False)
+    else:
+        native = {"cpu": True, "mps": False}[kind]
+    return (kind, *DTYPES[native])
+
+
 CORRECT = {
     "reference solution: an if/elif chain": reference_solution,
     "a dict of per-type rules": with_rules,
@@ -210,6 +231,8 @@ CORRECT = {
     "match device.type": with_match,
     "compute capability, a NamedTuple": with_capability,
     "a list instead of a tuple": settings(pack=lambda t, dtype, s: [t, dtype, s]),
+    "use_scaler as a numpy bool": settings(scaler=lambda d, dtype: np.bool_(dtype == FP16)),
+    "the capability compared as a tuple, a dtype table": with_table,
 }
 
 
@@ -237,7 +260,7 @@ def test_a_right_answer_this_torch_refuses_still_passes(monkeypatch: pytest.Monk
 
 # -- what the messages say, checked on the installed torch ----------------------------------------
 def test_every_reference_answer_is_taken_by_autocast() -> None:
-    for scenario in SCENARIOS:
+    for scenario in ALL_SCENARIOS:
         with ExitStack() as stack:
             simulate(scenario, stack)
             device_type, dtype, _ = expected_settings(scenario)
@@ -317,7 +340,7 @@ def test_messages_quote_what_autocast_did() -> None:
     text = str(check_autocast_settings(WRONG["bf16 with emulation counted (no "
                                              "including_emulation=False)"]))
     assert "torch.autocast(device_type='cuda', dtype=torch.bfloat16) took it without a warning" \
-        in text and "[cuda:0 (T4); xpu:0 (bf16 emulated)]" in text
+        in text and "[cuda:0 (T4); xpu:0 (bf16 emulated); cuda:1 (sm 70)" in text
 
 
 def test_other_facts_the_messages_state() -> None:
@@ -330,3 +353,51 @@ def test_other_facts_the_messages_state() -> None:
     assert ".item()" in step and "found_inf_per_device" in step
     scaler = torch.amp.GradScaler("cpu", enabled=torch.amp.GradScaler("cpu", enabled=False))
     assert scaler.is_enabled()  # SCALER_NOT_BOOL: a GradScaler passed as enabled= counts as True
+
+
+# -- the reference beside the learner's, on drawn devices (issue 44) ------------------------------
+def test_the_drawn_devices_exercise_every_rule() -> None:
+    """Native bf16 and only emulated on NVIDIA GPUs of other capabilities, indices other than 0,
+    a device given without an index, an XPU, and a CPU beside an accelerator."""
+    cuda = [s for s in DRAWN if s.device.type == "cuda"]
+    assert {s.native_bf16 for s in cuda} == {True, False}
+    assert {s.cuda_capability for s in cuda}.isdisjoint({(8, 0), (7, 5)})
+    assert any(s.device.index not in (None, 0) for s in cuda)
+    assert any(s.device.index is None for s in cuda)
+    assert any(s.device.type == "xpu" and s.device.index for s in DRAWN)
+    assert any(s.device.type == "cpu" and s.xpu_native_bf16 is not None for s in DRAWN)
+
+
+def test_an_answer_fixed_to_the_course_devices_is_rejected() -> None:
+    """Right on the eight devices the lesson names, wrong on the drawn ones: an answer that
+    knows the course's devices by their index and the T4 by its capability."""
+    def by_name(device):
+        if device.type == "cuda":
+            dtype = torch.float16 if torch.cuda.get_device_capability(device) == (7, 5) \
+                else torch.bfloat16
+            return f"cuda:{device.index}"[:6] if device.index else "cuda", dtype, dtype == FP16
+        return reference_solution(device)
+
+    result = check_autocast_settings(by_name)
+    assert result.keys == {exercise.DEVICE_TYPE_WITH_INDEX, exercise.BF16_EMULATED}, str(result)
+    assert "[cuda:7 (sm 89); cuda:1 (sm 70)]" in str(result)
+    assert "[cuda:1 (sm 70)] dtype was torch.bfloat16" in str(result)
+
+
+def test_a_function_that_sleeps_is_answered_at_the_first_limit() -> None:
+    """Issue 44: a slow answer waited TIME_LIMIT_S on each of eight devices. The check stops at
+    the first call past the limit, within the check's budget, and says where this exercise
+    loops (real limits, real sleep: about 10 s)."""
+    calls = []
+
+    def sleeps(device):
+        calls.append(device)
+        time.sleep(3600)
+
+    start = time.perf_counter()
+    result = check_autocast_settings(sleeps)
+    took = time.perf_counter() - start
+    assert took < checking.CHECK_BUDGET_S + 2 and len(calls) == 1, (took, calls)
+    assert result.keys == {checking.TIMED_OUT}
+    assert "[cpu] autocast_settings was still running after 10 seconds" in str(result)
+    assert f"look at {exercise.EXERCISE.loops}." in result.problems[0].message

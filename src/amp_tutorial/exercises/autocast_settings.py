@@ -4,17 +4,24 @@
 ``check_autocast_settings(fn)`` calls the learner's function for a CPU (alone, beside a simulated
 T4, and beside an Apple GPU: the answer must follow the device given, not what is available),
 ``cuda:0`` on a simulated Ampere GPU (native bf16) and on a simulated T4 (bf16 only emulated),
-``mps``, and ``xpu:0`` with and without native bf16. A device is simulated by replacing, for the
-call only, the torch functions a correct answer asks (:data:`SIMULATED`); everything is restored
-afterwards, autocast's own state included. Each answer is compared with the course's rule
-and handed to ``torch.autocast`` (entered; on the CPU a matmul inside shows the dtype), and the
-messages quote what autocast did with it. ROCm is left out: ``torch.cuda.is_bf16_supported()``
+``mps``, and ``xpu:0`` with and without native bf16; then on devices ``random.Random(DRAW_SEED)``
+draws (:data:`DRAWN`): NVIDIA GPUs of other compute capabilities at other indices, a device given
+without an index, an Intel GPU, a CPU beside an Intel GPU. A device is simulated by replacing, for
+the call only, the torch functions a correct answer asks (:data:`SIMULATED`); everything is
+restored afterwards, autocast's own state included. In each scenario the reference answer
+(``exercises.solutions.autocast_settings``) runs beside the learner's under the same simulation;
+an answer equal to the reference's everywhere passes, however it is written (a list, a
+NamedTuple, a dict of rules). Where they differ, the named problems say which value and why;
+each answer is handed to ``torch.autocast`` (entered; on the CPU a matmul inside shows the dtype),
+and the messages quote what autocast did with it. A call past the time limit ends the check: the
+other devices are not tried. ROCm is left out: ``torch.cuda.is_bf16_supported()``
 says True for every ROCm GPU, so the course reads the architecture there
 (``amp_tutorial.device.rocm_bf16_native``).
 """
 
 from __future__ import annotations
 
+import random
 import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -24,6 +31,7 @@ from unittest import mock
 import torch
 
 from amp_tutorial.exercises.checking import (
+    TIMED_OUT,
     WRONG_RETURN,
     CheckResult,
     Exercise,
@@ -32,6 +40,9 @@ from amp_tutorial.exercises.checking import (
     error_problem,
     left_behind,
     type_problem,
+)
+from amp_tutorial.exercises.solutions.autocast_settings import (
+    autocast_settings as reference_answer,
 )
 
 # Problem keys: one per mistake the checker can name.
@@ -52,8 +63,9 @@ SCALER_NOT_BOOL = "scaler-not-bool"
 WRONG_ORDER = "wrong-order"
 __all__ = ["check_autocast_settings", "expected_settings"]
 PRAISE = ("All checks passed: device_type, dtype and use_scaler are right for the CPU (also on "
-          "machines with a CUDA or an Apple GPU), an Ampere "
-          "and a T4 GPU, MPS, and an XPU with and without native bfloat16, and torch.autocast "
+          "machines with a CUDA, an Apple or an Intel GPU), an Ampere "
+          "and a T4 GPU, NVIDIA GPUs of other generations at other indices, MPS, and an XPU "
+          "with and without native bfloat16, and torch.autocast "
           "took every answer (on the CPU a matmul inside it ran in bfloat16).")
 EXERCISE = Exercise("01", "autocast_settings", PRAISE, loops=(
     "anything that waits or repeats: the answer needs no loop, only a few checks of "
@@ -114,6 +126,40 @@ SCENARIOS = (
     Scenario("cpu (MPS present)", "the CPU of a Mac with an Apple GPU", torch.device("cpu"),
              mps=True),
 )
+
+
+DRAW_SEED = 1
+
+
+def _draw_scenarios() -> tuple[Scenario, ...]:
+    """Devices beyond the course's: an NVIDIA GPU with native bf16 and one without (compute
+    capabilities and indices drawn), a CUDA device given without an index, an Intel GPU at
+    another index, and the CPU of a machine with an Intel GPU."""
+    rng = random.Random(DRAW_SEED)
+    native = rng.choice(((8, 6), (8, 9), (9, 0), (10, 0), (12, 0)))
+    emulated = rng.choice(((6, 0), (6, 1), (7, 0)))
+    xpu_native = rng.random() < 0.5
+    first, second, xpu = rng.sample(range(1, 8), 3)
+    sm = "compute capability {}.{}".format
+    return (
+        Scenario(f"cuda:{first} (sm {native[0]}{native[1]})", f"simulated NVIDIA GPU "
+                 f"({sm(*native)}, native bf16)", torch.device("cuda", first),
+                 cuda_capability=native),
+        Scenario(f"cuda:{second} (sm {emulated[0]}{emulated[1]})", f"simulated NVIDIA GPU "
+                 f"({sm(*emulated)}, bf16 only emulated)", torch.device("cuda", second),
+                 cuda_capability=emulated),
+        Scenario("cuda (no index)", f"simulated NVIDIA GPU ({sm(*native)}) given as "
+                 'torch.device("cuda")', torch.device("cuda"), cuda_capability=native),
+        Scenario(f"xpu:{xpu} ({'native' if xpu_native else 'emulated'} bf16)", "simulated "
+                 f"Intel GPU {'with native' if xpu_native else 'that only emulates'} bf16",
+                 torch.device("xpu", xpu), xpu_native_bf16=xpu_native),
+        Scenario("cpu (XPU present)", "the CPU of a machine with a simulated Intel GPU",
+                 torch.device("cpu"), xpu_native_bf16=True),
+    )
+
+
+DRAWN = _draw_scenarios()
+ALL_SCENARIOS = SCENARIOS + DRAWN
 
 
 def expected_settings(scenario: Scenario) -> tuple[str, torch.dtype, bool]:
@@ -254,7 +300,7 @@ def _device_type_problem(value: object, scenario: Scenario, reaction: AutocastRe
             'device: torch.autocast("cuda:1") switches it on for every CUDA GPU, not only for '
             f"GPU 1. {reaction}, but the checks torch.autocast and GradScaler make for CUDA "
             'compare the string with "cuda" and are skipped for "cuda:0" (torch/amp/'
-            "autocast_mode.py, torch/amp/grad_scaler.py in torch 2.14.1): on a machine without "
+            "autocast_mode.py, torch/amp/grad_scaler.py): on a machine without "
             "CUDA both stay on instead of warning and switching themselves off, and autocast "
             "no longer refuses bfloat16 where torch.cuda.is_bf16_supported() is False.",
             f"{fix} Never str(device).")
@@ -285,8 +331,9 @@ def _device_type_problem(value: object, scenario: Scenario, reaction: AutocastRe
         f"{reaction}.", f"{fix} The types are {', '.join(map(repr, DEVICE_TYPES))}.")
 
 
-def _dtype_problem(dtype: object, scenario: Scenario, reaction: AutocastReaction
-                   ) -> Problem | None:
+def _dtype_problem(dtype: object, scenario: Scenario, reaction: AutocastReaction,
+                   expected: torch.dtype) -> Problem | None:
+    """``expected``: the reference answer's dtype for this scenario."""
     device = _shown(scenario.device)
     if not isinstance(dtype, torch.dtype):
         return Problem.named(
@@ -298,7 +345,6 @@ def _dtype_problem(dtype: object, scenario: Scenario, reaction: AutocastReaction
             DTYPE_NOT_16_BIT, f"dtype was {dtype} for {device}.", "Autocast runs the ops on its "
             f"lower-precision list in a 16-bit format, float16 or bfloat16: {reaction}.",
             "return torch.bfloat16 or torch.float16, by the rule in the task.")
-    expected = expected_settings(scenario)[1]
     if dtype == expected:
         return None
     kind = scenario.device.type
@@ -315,7 +361,7 @@ def _dtype_problem(dtype: object, scenario: Scenario, reaction: AutocastReaction
         return Problem.named(
             BF16_ON_MPS, "dtype was torch.bfloat16 for MPS.", "PyTorch offers no way to ask "
             "an Apple GPU whether it computes bfloat16 natively (torch.mps has no "
-            "is_bf16_supported in torch 2.14.1), so the rule for MPS is float16.",
+            "is_bf16_supported), so the rule for MPS is float16.",
             'return torch.float16 for device.type == "mps".')
     module = f"torch.{kind}"
     if dtype == torch.bfloat16:
@@ -325,7 +371,7 @@ def _dtype_problem(dtype: object, scenario: Scenario, reaction: AutocastReaction
             "bfloat16 unless you pass including_emulation=False: the CUDA one says True on an "
             "NVIDIA GPU below compute capability 8.0 (V100, T4) whenever a bfloat16 tensor can "
             "be made there, the XPU one on every XPU (torch/cuda/__init__.py and "
-            "torch/xpu/__init__.py, torch 2.14.1). Autocast does not object either: "
+            "torch/xpu/__init__.py). Autocast does not object either: "
             f"{reaction}. The rule takes bfloat16 only where the device computes it natively.",
             f"ask {module}.is_bf16_supported(including_emulation=False) and return "
             "torch.float16 when it says False.")
@@ -365,11 +411,24 @@ def _scaler_problem(use_scaler: object, dtype: object) -> Problem | None:
     return None
 
 
+def _equal(value: object, right: object) -> bool:
+    """``value == right`` as a plain truth value (a tensor's comparison is not one)."""
+    if isinstance(value, torch.Tensor):
+        return False
+    try:
+        return bool(value == right)
+    except Exception:  # noqa: BLE001 - an object whose == cannot answer: not the same
+        return False
+
+
 def _scenario_problems(fn: SettingsFn, scenario: Scenario
                        ) -> tuple[list[Problem], AutocastReaction | None]:
-    """The mistakes in one call, and what autocast did with the answer (None: no answer)."""
+    """The mistakes in one call, and what autocast did with the answer (None: no answer): the
+    reference answer runs first under the same simulation, and a value equal to its value is
+    right however it was reached."""
     with ExitStack() as stack:
         simulate(scenario, stack)
+        right = reference_answer(scenario.device)
         with left_behind("autocast_settings") as left:
             run = attempt(fn, scenario.device)
         if run.error is not None:
@@ -379,9 +438,13 @@ def _scenario_problems(fn: SettingsFn, scenario: Scenario
             return [shape, *left], None
         device_type, dtype, use_scaler = run.value
         reaction = autocast_reaction(device_type, dtype, scenario.device)
-    found = [_device_type_problem(device_type, scenario, reaction),
-             _dtype_problem(dtype, scenario, reaction), _scaler_problem(use_scaler, dtype), *left]
-    return [problem for problem in found if problem is not None], reaction
+    same = [_equal(value, r) for value, r in zip(run.value, right, strict=True)]
+    found = [None if same[0] else _device_type_problem(device_type, scenario, reaction),
+             None if same[1] else _dtype_problem(dtype, scenario, reaction, right[1]),
+             None if same[2] else _scaler_problem(use_scaler, dtype)]
+    # each rule names every value that differs from the reference's (it follows the same rule,
+    # tests/unit/test_exercise_autocast_settings.py), so no bare "differs" is needed here
+    return [problem for problem in found if problem is not None] + left, reaction
 
 
 @EXERCISE.checker
@@ -393,17 +456,19 @@ def check_autocast_settings(fn: SettingsFn) -> CheckResult:
     built for) still passes; the praise then says so instead of claiming autocast took it.
     """
     found, refused = [], []
-    for scenario in SCENARIOS:
+    for scenario in ALL_SCENARIOS:
         problems, reaction = _scenario_problems(fn, scenario)
         found.append((scenario.name, problems))
         if not problems and reaction is not None and not reaction.accepted:
             refused.append(f"[{scenario.name}] {reaction}")
+        if any(p.key == TIMED_OUT for p in problems):
+            break  # one endless call is enough to wait for
     praise = PRAISE if not refused else (
         "All checks passed: device_type, dtype and use_scaler are right for the CPU (also on "
-        "machines with a CUDA or an Apple GPU), an Ampere and a T4 GPU, MPS, and an XPU with "
-        "and without native bfloat16. This torch "
-        f"({torch.__version__}) did not take every right answer, a limit of this torch and not "
-        "of your function: " + "; ".join(refused) + ".")
+        "machines with a CUDA, an Apple or an Intel GPU), an Ampere and a T4 GPU, NVIDIA GPUs "
+        "of other generations at other indices, MPS, and an XPU with and without native "
+        "bfloat16. The torch installed here did not take every right answer, a limit of this "
+        "torch and not of your function: " + "; ".join(refused) + ".")
     if any(p.key == DEVICE_TYPE_HARD_CODED for _, problems in found for p in problems):
         # "cuda" for the CPU of a CUDA machine is the hard-coded "cuda" named there: once
         found = [(name, [p for p in problems if not (p.key == DEVICE_TYPE_OTHER_DEVICE
