@@ -128,6 +128,10 @@ def test_builder_defaults_are_the_reference_answer() -> None:
         assert all(torch.equal(a, b) for a, b in zip(ref_params, built_params, strict=True))
 
 
+STEP = "scaler.step(optimizer)  # once per group"
+UNSCALE = "scaler.unscale_(optimizer)  # once, after the group's last backward\n"
+
+
 # -- one mistake each ------------------------------------------------------------------------------
 # (case, the one change, the key the checker must report, whether GradScaler also raises: it
 # refuses update() with no step since the last one, a second step() without update(), and a second
@@ -146,7 +150,20 @@ MISTAKES = [
     ("loss divided by the number of micro-batches", accumulated_loop(divide="all"),
      exercise.GRADIENT_NOT_LIKE_FP32, False),
     ("clip before unscale_", accumulated_loop(clip_before_unscale=True),
-     exercise.GRADIENT_NOT_LIKE_FP32, False),
+     exercise.CLIP_BEFORE_UNSCALE, False),
+    # three the blind answer set found misnamed (update mid-group, a 99.9% gradient, a step mid-
+    # group): each a one-line change of the reference answer
+    ("optimizer.step() instead of scaler.step(optimizer)",
+     variant(SOLUTION, "train_accumulated", (STEP, "optimizer.step()")),
+     exercise.OPTIMIZER_STEP_DIRECT, True),
+    ("clip without scaler.unscale_", variant(SOLUTION, "train_accumulated", (UNSCALE, "")),
+     exercise.CLIP_WITHOUT_UNSCALE, False),
+    ("scaler.step, then optimizer.step() too",
+     variant(SOLUTION, "train_accumulated", (STEP, f"{STEP}\n        optimizer.step()")),
+     exercise.STEPPED_TWICE, False),
+    ("scaler.step twice",
+     variant(SOLUTION, "train_accumulated", (STEP, f"{STEP}\n        {STEP}")),
+     exercise.STEPPED_TWICE, True),
     ("zero_grad every micro-batch", accumulated_loop(zero="every micro-batch"),
      exercise.ZEROED_MID_GROUP, False),
     ("zero_grad every micro-batch, to zeros",
@@ -211,6 +228,24 @@ def test_torch_raises_what_the_messages_quote() -> None:
         raised = next(p.message for p in result.problems if p.key == checking.RAISED)
         named = next(p.message for p in result.problems if p.key != checking.RAISED)
         assert words in raised and words in named, case
+
+
+def test_blind_answer_set_misdiagnoses_are_named_right() -> None:
+    """The three answers a blind set found named for a consequence: each now names its own
+    mistake, and not the key it was reported as before."""
+    for case, right, wrong in [
+            ("optimizer.step() instead of scaler.step(optimizer)", exercise.OPTIMIZER_STEP_DIRECT,
+             exercise.UPDATE_MID_GROUP),
+            ("clip without scaler.unscale_", exercise.CLIP_WITHOUT_UNSCALE,
+             exercise.GRADIENT_NOT_LIKE_FP32),
+            ("scaler.step, then optimizer.step() too", exercise.STEPPED_TWICE,
+             exercise.STEPPED_MID_GROUP),
+            ("scaler.step twice", exercise.STEPPED_TWICE, exercise.STEPPED_MID_GROUP)]:
+        result = check_train_accumulated(WRONG[case])
+        assert right in result.keys and wrong not in result.keys, (case, str(result))
+        assert exercise.NO_SCALER_UPDATE not in result.keys, (case, str(result))
+    text = str(check_train_accumulated(WRONG["scaler.step, then optimizer.step() too"]))
+    assert "scaler.step(optimizer), optimizer.step()" in text, text
 
 
 def test_checker_leaves_torch_unpatched() -> None:

@@ -124,7 +124,7 @@ def test_builder_defaults_are_the_reference_step() -> None:
     for scenario in exercise.SCENARIOS:
         runs = []
         for fn in (reference_solution, amp_step()):
-            model, data = exercise.make_step_problem()
+            model, data = scenario.problem()
             optimizer = exercise._optimizer(scenario, model)
             scaler = torch.amp.GradScaler("cpu", init_scale=scenario.init_scale)
             losses = [fn(model, optimizer, scaler, inputs, targets, nn.MSELoss(),
@@ -257,7 +257,7 @@ test_each_mistake_is_named, test_every_problem_key_has_a_case, test_correct_answ
 def reference_run(scenario: exercise.Scenario) -> tuple[list[float], torch.Tensor, float, int]:
     """The reference step on ``scenario``: losses, parameters' change, final scale, and how many
     optimizer steps ran."""
-    model, data = exercise.make_step_problem()
+    model, data = scenario.problem()
     initial = exercise._params(model)
     optimizer = exercise._optimizer(scenario, model)
     stepped = []
@@ -279,28 +279,76 @@ def test_the_scenarios_do_what_they_say(scenario: exercise.Scenario) -> None:
         return
     assert (stepped, scale) == (scenario.steps, scenario.init_scale)  # nothing skipped
     ref_losses, ref_params = exercise._fp32_reference(scenario)
-    ref_change = ref_params - exercise._params(exercise.make_step_problem()[0])
+    ref_change = ref_params - exercise._params(scenario.problem()[0])
     rel = ((change - ref_change).norm() / ref_change.norm()).item()
     assert rel < exercise.PARAMS_RTOL[scenario.optimizer] / 2  # the tolerance has room
     assert losses == pytest.approx(ref_losses, rel=exercise.LOSS_RTOL / 5)
 
 
-def test_the_clip_fires_on_the_first_step() -> None:
-    """MAX_NORM is below the first step's gradient norm, so a missing clip shows."""
-    model, data = exercise.make_step_problem()
-    nn.functional.mse_loss(model(data[0][0]), data[0][1]).backward()
-    norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
-    assert norm > 2 * exercise.MAX_NORM
-
-
-def test_the_loose_clip_never_fires() -> None:
-    """LOOSE_NORM is above every step's gradient norm: a clip that fires there scales up."""
-    model, data = exercise.make_step_problem()
+def first_norms(scenario: exercise.Scenario) -> list[float]:
+    """The fp32 gradient norm of each of the scenario's batches, at the initial parameters."""
+    model, data = scenario.problem()
+    norms = []
     for inputs, targets in data:
         model.zero_grad()
         nn.functional.mse_loss(model(inputs), targets).backward()
-        norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
-        assert norm < exercise.LOOSE_NORM / 2
+        norms.append(torch.linalg.vector_norm(torch.stack([p.grad.norm()
+                                                           for p in model.parameters()])).item())
+    return norms
+
+
+def test_the_clip_fires_on_the_first_step() -> None:
+    """MAX_NORM is below the first step's gradient norm, so a missing clip shows."""
+    for scenario in exercise.SCENARIOS:
+        if scenario.max_grad_norm == exercise.MAX_NORM:
+            assert first_norms(scenario)[0] > 2 * exercise.MAX_NORM, scenario.name
+
+
+def test_the_loose_clip_never_fires() -> None:
+    """LOOSE_NORM is above every batch's gradient norm where it is the limit: a clip that fires
+    there scales up."""
+    for scenario in exercise.SCENARIOS:
+        if scenario.max_grad_norm == exercise.LOOSE_NORM:
+            # measured: 0.54 at most (the short batch of 24), 0.2-0.3 for the others
+            assert max(first_norms(scenario)) < exercise.LOOSE_NORM / 1.5, scenario.name
+            break
+    else:
+        raise AssertionError("no scenario clips at LOOSE_NORM")
+
+
+def test_the_drawn_scenarios_differ_in_steps_and_batch_sizes() -> None:
+    """The step counts and batch sizes are drawn: they differ between scenarios and between the
+    steps of one, each scenario has a short batch, and the course's fixed shape (3 steps of 64)
+    is none of them."""
+    scenarios = exercise.SCENARIOS
+    assert scenarios == exercise.draw_scenarios(exercise.SEED)  # repeatable
+    assert {s.optimizer for s in scenarios} == {"SGD", "Adam"}
+    assert [s.max_grad_norm for s in scenarios].count(exercise.LOOSE_NORM) == 1
+    assert [s.overflows for s in scenarios].count(True) == 1
+    stepping = [s for s in scenarios if not s.overflows]
+    assert len({s.steps for s in stepping}) > 1
+    assert all(2 <= s.steps <= 5 for s in stepping)
+    assert len({s.sizes for s in scenarios}) == len(scenarios)
+    for s in scenarios:
+        assert len(s.sizes) == s.steps == len(set(s.sizes)), s.name
+        assert min(s.sizes) in exercise.SHORT and s.sizes != (64,) * 3, s.name
+        assert [len(x) for x, _ in s.problem()[1]] == list(s.sizes), s.name
+
+
+def test_an_answer_for_the_fixed_batch_size_is_rejected() -> None:
+    """A loss that divides a sum by 64, the course's batch size, is the mean only for batches
+    of 64: the drawn sizes show it."""
+    wrong = variant(SOLUTIONS / "fp16_step.py", "fp16_step",
+                    ("loss = loss_fn(model(inputs), targets)",
+                     "loss = ((model(inputs).float() - targets) ** 2).sum() / 64"))
+    model, data = exercise.make_step_problem()  # the fixed shape: right there
+    assert wrong(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                 torch.amp.GradScaler("cpu", init_scale=exercise.INIT_SCALE), *data[0],
+                 nn.MSELoss(), exercise.MAX_NORM) == pytest.approx(
+        nn.functional.mse_loss(exercise.make_step_problem()[0](data[0][0]), data[0][1]).item(),
+        rel=exercise.LOSS_RTOL)
+    result = check_fp16_step(wrong)
+    assert not result.passed and exercise.LOSS_NOT_LIKE_FP32 in result.keys, str(result)
 
 
 def test_problem_is_repeatable_and_leaves_global_rng_alone() -> None:

@@ -48,12 +48,15 @@ from amp_tutorial.exercises.solutions.train_accumulated import (
     train_accumulated as reference_answer,
 )
 from amp_tutorial.exercises.training_spy import (
+    CLIP_BEFORE_UNSCALE,
     CLIPPED_WITHOUT_MAX,
     FORWARD_NOT_AUTOCAST,
     GRADS_NOT_ZEROED,
     NO_SCALER_UPDATE,
     NOT_CLIPPED,
+    OPTIMIZER_STEP_DIRECT,
     OVER_CLIPPED,
+    STEPPED_TWICE,
     WRONG_AUTOCAST_DTYPE,
     TrainingSpy,
     check_against_reference,
@@ -99,6 +102,7 @@ SCALER_REPLACED = "scaler-replaced"
 GRADIENT_NOT_LIKE_FP32 = "gradient-not-like-fp32"
 BAD_LOSSES = "bad-losses"
 NOT_LIKE_REFERENCE = "not-like-reference"
+CLIP_WITHOUT_UNSCALE = "clip-without-unscale"  # fp16_step's key for the same mistake
 __all__ = ["check_train_accumulated", "group_sizes"]
 PRAISE = ("All checks passed: one scaled backward per micro-batch, one step and update per "
           "group (the short last group too), zeroing between groups only, and every step's "
@@ -199,7 +203,9 @@ class AccumulationSpy(TrainingSpy):
         self.given_scaler = scaler
         self.count.update(dict.fromkeys(
             ["stepped_mid_group", "graphs_held", "update_without_step", "step_without_update",
-             "zeroed_mid_group", "group_not_zeroed", "unscaled_mid_group", "other_scaler"], 0))
+             "zeroed_mid_group", "group_not_zeroed", "unscaled_mid_group", "other_scaler",
+             "step_direct", "stepped_twice_in_group", "clipped_before_unscale",
+             "clipped_without_unscale"], 0))
         self.forwards = self.backwards = 0  # since the last step: this group so far
         self.done = 0  # micro-batches behind the steps so far
         self.sizes: list[int] = []  # micro-batches per step, as the learner grouped them
@@ -209,6 +215,10 @@ class AccumulationSpy(TrainingSpy):
         self.stepped = 0  # enabled scaler.step calls since the last update
         self.unscaled_by_hand = False  # unscale_ called (a disabled scaler's too) since backward
         self.left: list[Problem] = []  # what the call left behind (checking.left_behind)
+        self.last_call = ""  # the call that began the last step, for a group stepped twice
+        self.twice_calls: list[str] = []  # the calls of the first group stepped twice
+        self.direct_since_update = False  # optimizer.step() by hand with an enabled scaler
+        self.repeating = False  # the scaler.step now running steps a group stepped already
 
     def group_size(self) -> int:
         """How many micro-batches the group now running should have, by the contract."""
@@ -240,7 +250,10 @@ class AccumulationSpy(TrainingSpy):
         if scaler.is_enabled() and not inside_step:
             self.count["step_without_update"] += self.stepped > 0
         self.unscaled_by_hand = self.unscaled_by_hand or not inside_step
+        before = self.count["modified_before_unscale"]  # a clip (or any change) came first
         result = super().unscale_(original, scaler, optimizer)
+        if not inside_step:  # inside scaler.step: counted there, as no unscale_ at all
+            self.count["clipped_before_unscale"] += self.count["modified_before_unscale"] - before
         if scaler.is_enabled() and not inside_step:  # the gradients before any clipping; a
             self.unscaled_grads = self.grads()  # backward before the step is a mistake
         return result
@@ -248,32 +261,50 @@ class AccumulationSpy(TrainingSpy):
     def grads(self) -> list[torch.Tensor | None]:
         return [None if p.grad is None else p.grad.detach().clone() for p in self.params]
 
-    def stepping(self) -> None:
-        """An optimizer step begins (through ``scaler.step`` or directly): the group ends."""
+    def stepping(self, call: str) -> bool:
+        """An optimizer step begins (through ``scaler.step`` or directly, ``call``): the group
+        ends. False where no forward pass ran since the last step: the same group stepped again
+        (``scaler.step`` and ``optimizer.step()`` both, or ``scaler.step`` twice)."""
+        if not self.forwards and self.sizes:
+            self.count["stepped_twice_in_group"] += 1
+            self.twice_calls = self.twice_calls or [self.last_call, call]
+            return False
+        if call == "optimizer.step()" and self.given_scaler.is_enabled():
+            self.count["step_direct"] += 1  # the scaler's unscaling and skipping bypassed
+            self.direct_since_update = True
+        self.last_call = call
         self.count["stepped_mid_group"] += self.forwards < self.group_size()
         self.sizes.append(self.forwards)
         self.first, self.done = self.done, self.done + self.forwards
         self.forwards = self.backwards = 0
         self.step_grads, self.unscaled_grads = self.unscaled_grads, None
         self.unscaled_by_hand = False
+        return True
 
     def step(self, original: Callable, scaler: torch.amp.GradScaler, optimizer, *args, **kwargs):
-        self.stepping()
+        again = self.repeating = not self.stepping("scaler.step(optimizer)")
         if scaler.is_enabled():
-            self.count["step_without_update"] += self.stepped > 0
+            self.count["step_without_update"] += self.stepped > 0 and not again
             self.stepped += 1
-        return super().step(original, scaler, optimizer, *args, **kwargs)
+        before = self.count["modified_before_unscale"]  # counted in here: no unscale_ came first
+        try:
+            return super().step(original, scaler, optimizer, *args, **kwargs)
+        finally:
+            self.count["clipped_without_unscale"] += (self.count["modified_before_unscale"]
+                                                      - before)
 
     def update(self, original: Callable, scaler: torch.amp.GradScaler, *args, **kwargs):
         if scaler.is_enabled():
-            self.count["update_without_step"] += self.stepped == 0
-            self.stepped = 0
+            self.count["update_without_step"] += self.stepped == 0 and not (
+                self.direct_since_update)  # a step by hand is named as such
+            self.stepped, self.direct_since_update = 0, False
         return super().update(original, scaler, *args, **kwargs)
 
     def on_optimizer_step(self, optimizer, args, kwargs) -> None:
-        if not self.in_scaler_step:
-            self.stepping()
+        again = self.repeating if self.in_scaler_step else not self.stepping("optimizer.step()")
         super().on_optimizer_step(optimizer, args, kwargs)
+        if again:
+            return  # named as a group stepped twice
         self.snapshots.append(Snapshot(self.first, self.done,
                                        [p.detach().clone() for p in self.params],
                                        self.step_grads or self.pre_clip or self.grads()))
@@ -369,6 +400,19 @@ RULES = [
      "batch is smaller than the accumulation asks for.", "call scaler.step(optimizer) and "
      "scaler.update() once per group of accumulation_steps micro-batches, after its last "
      "backward."),
+    ("step_direct", OPTIMIZER_STEP_DIRECT, "optimizer.step() was called directly at the end "
+     "of a group instead of scaler.step(optimizer) ({n}).", "scaler.step unscales the group's "
+     "gradients if you have not, and skips the step when they hold inf/NaN: a direct call "
+     "applies gradients still multiplied by the scale, or overflowed ones, and scaler.update() "
+     "then finds no inf checks and raises AssertionError('No inf checks were recorded prior to "
+     "update.').", "call scaler.step(optimizer) once per group, then scaler.update()."),
+    ("stepped_twice_in_group", STEPPED_TWICE, "The optimizer stepped twice at the end of a "
+     "group, with no micro-batch between ({n}; your code called: {twice}).", "scaler.step("
+     "optimizer) calls optimizer.step() for you (unless it skips the step): a second step "
+     "applies the group's gradient again, and a second scaler.step before update() makes "
+     "GradScaler raise RuntimeError('step() has already been called since the last update().').",
+     "call scaler.step(optimizer) once per group, not optimizer.step() as well, then "
+     "scaler.update()."),
     ("graphs_held", GRAPHS_HELD, "A micro-batch's forward pass started before the previous "
      "one's backward ran ({n}): the group's losses were kept, or summed, and backpropagated "
      "together.", "The gradient is the same, but every micro-batch's activations stay in memory "
@@ -401,6 +445,19 @@ RULES = [
      "RuntimeError('unscale_() has already been called on this optimizer since the last "
      "update().') on the second.", "after the group's last backward: "
      "scaler.unscale_(optimizer), clip, scaler.step(optimizer)."),
+    ("clipped_before_unscale", CLIP_BEFORE_UNSCALE, "The gradients were changed (clipped?) "
+     "after the group's last backward and before scaler.unscale_(optimizer) ({n}).", "They "
+     "were still multiplied by the scale, so clip_grad_norm_ measured and clipped the scaled "
+     "norm (max_grad_norm acted like max_grad_norm / scale on the true gradients).", "after the "
+     "group's last backward: scaler.unscale_(optimizer) first, then clip, then "
+     "scaler.step(optimizer)."),
+    ("clipped_without_unscale", CLIP_WITHOUT_UNSCALE, "The gradients were changed (clipped?) "
+     "after the group's last backward and scaler.unscale_(optimizer) was never called: "
+     "scaler.step unscaled them only afterwards ({n}).", "clip_grad_norm_ measured the scaled "
+     "norm, scale times the true one, so max_grad_norm acted like max_grad_norm / scale: the "
+     "clip fired on every group and the steps came out about scale times too short.", "after "
+     "the group's last backward: scaler.unscale_(optimizer), then clip, then "
+     "scaler.step(optimizer) (it knows the gradients are unscaled already)."),
     ("not_clipped", NOT_CLIPPED, f"max_grad_norm={MAX_GRAD_NORM} was given, but the optimizer "
      "stepped with a larger gradient norm ({n}).", "The clipping the caller asked for did not "
      "happen.", "once per group, after its last backward: scaler.unscale_(optimizer), then "
@@ -429,6 +486,7 @@ def _process_problems(spy: AccumulationSpy, run: Attempt) -> list[Problem]:
         if c[count]:
             found.append(Problem.named(key, what.format(
                 n=times(c[count]), sizes=sizes, clipped=spy.clipped_to,
+                twice=", ".join(spy.twice_calls),
                 dtypes=", ".join(map(str, sorted(spy.wrong_dtypes, key=str))),
                 amp_dtype=spy.scenario.amp_dtype), why, fix))
     found += shared_problems(spy, spy.scenario.max_grad_norm) + spy.left
@@ -569,7 +627,8 @@ def _loss_problems(losses: Sequence[float], reference: Sequence[float], n_steps:
 RESULT_KEYS = frozenset({
     LOSS_NOT_DIVIDED, REMAINDER_DIVIDED_BY_K, STEPPED_MID_GROUP, REMAINDER_SKIPPED, WRONG_GROUPS,
     UPDATE_MID_GROUP, ZEROED_MID_GROUP, UNSCALED_MID_GROUP, GRADIENT_NOT_LIKE_FP32, BAD_LOSSES,
-    NOT_CLIPPED, OVER_CLIPPED, CLIPPED_WITHOUT_MAX, NO_SCALER_UPDATE, NOT_LIKE_REFERENCE})
+    NOT_CLIPPED, OVER_CLIPPED, CLIPPED_WITHOUT_MAX, NO_SCALER_UPDATE, NOT_LIKE_REFERENCE,
+    CLIP_BEFORE_UNSCALE, CLIP_WITHOUT_UNSCALE})
 
 
 @EXERCISE.checker
