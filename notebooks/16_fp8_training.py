@@ -51,7 +51,7 @@ from amp_tutorial.op_profile import compiled_op_count, cpu_scaled_mm_uses_onednn
 from amp_tutorial.plots import plot_dtype_ranges
 from amp_tutorial.presets import get_preset
 from amp_tutorial.reversal_task import sequence_loss
-from amp_tutorial.versions import torchao_for
+from amp_tutorial.versions import import_torchao, torchao_for
 
 info = select_device()
 preset = get_preset(device_type=info.type)
@@ -247,8 +247,7 @@ def fp8_training_ready(on_cpu):
     """Whether torchao imports (and, on_cpu, torch computes _scaled_mm on the CPU); if not, why
     not and what would enable it, in one line."""
     try:
-        import torchao
-        import torchao.float8  # noqa: F401
+        torchao = import_torchao()
     except Exception as error:  # not installed, or built for another torch
         want = torchao_for(torch.__version__)
         return False, (f"torchao does not import on torch {torch.__version__} "

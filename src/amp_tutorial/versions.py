@@ -74,6 +74,26 @@ def torchao_for(version: str) -> str | None:
     return _TORCHAO.get(release, _TORCHAO.get(release[:2]))
 
 
+def import_torchao():
+    """``torchao`` with its float8 training imported, without the log line torch 2.14 writes when
+    torchao 0.18 registers an Enum as a pytree constant (``W... torch/utils/_pytree.py:630] ...
+    register_constant() on Enum subclasses is deprecated``): torchao's business, not the
+    learner's, and a red box in a lesson. Raises what the import raises."""
+    import logging
+
+    import torch  # noqa: F401  (torch's logging set up first)
+
+    log = logging.getLogger("torch.utils._pytree")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        import torchao
+        import torchao.float8  # noqa: F401
+    finally:
+        log.setLevel(level)
+    return torchao
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(

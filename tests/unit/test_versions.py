@@ -42,6 +42,19 @@ def test_the_range_edges(version: str, supported: bool) -> None:
     assert versions.is_supported(version) is supported
 
 
+def test_pip_install_brings_no_torchao_and_pdm_sync_brings_the_locks() -> None:
+    # a torchao release imports on one torch: as a package dependency, `pip install .` on torch
+    # 2.9 got 0.18.0, which does not import there (issue 46); PDM installs its own group, and CI
+    # syncs it so lesson 16 trains in FP8 on the lock's torch
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert not [d for d in pyproject["project"]["dependencies"] if d.startswith("torchao")]
+    wanted = versions.torchao_for(versions.LOCKED_TORCH)
+    assert pyproject["dependency-groups"]["fp8"] == [f"torchao=={wanted}"]
+    lock = tomllib.loads((ROOT / "pdm.lock").read_text())
+    assert next(p for p in lock["package"] if p["name"] == "torchao")["groups"] == ["fp8"]
+    assert re.search(r"^pdm sync .*-G fp8", (ROOT / ".ci/run").read_text(), re.MULTILINE)
+
+
 def test_torchao_0_18_is_not_offered_to_torch_2_9() -> None:
     # 0.18.0 imports `ScalingType` from torch.nn.functional, which torch 2.9 lacks; torchao's own
     # table builds 0.14.1 against torch 2.9.0 and 0.15.0 against 2.9.1
@@ -87,3 +100,20 @@ def test_the_image_checks_its_base_and_picks_torchao_by_torch() -> None:
     assert "amp-tutorial-versions.py --check" in dockerfile
     assert "amp-tutorial-versions.py --torchao" in dockerfile
     assert re.search(r"skip = /\^\(torch\|torchao\|", dockerfile)  # the lock's torchao dropped
+
+
+def test_torchao_is_imported_without_torchs_pytree_log_line() -> None:
+    # torch 2.14 logs a deprecation on stderr when torchao 0.18 registers an Enum as a pytree
+    # constant; in a lesson that is a red box about nothing the learner did (issue 42 item 5)
+    def stderr_of(code: str) -> str:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    plain = stderr_of("import torch, torchao, torchao.float8")
+    quiet = stderr_of("import logging; from amp_tutorial.versions import import_torchao; "
+                      "import_torchao(); "
+                      "assert logging.getLogger('torch.utils._pytree').level == logging.NOTSET")
+    assert "_pytree.py" not in quiet, quiet
+    if versions.parse(__import__("torch").__version__)[:2] >= (2, 14):
+        assert "_pytree.py" in plain, "torch no longer logs it: import_torchao can go"
