@@ -386,10 +386,13 @@ class Checkup:
 
     @property
     def range_flagged(self) -> list[str]:
-        """The modules ``flagged`` for their fp32 output's range or rounding (``ranges``)."""
+        """The modules ``flagged`` for their fp32 output's range or rounding (``ranges``). The
+        model itself (MODEL) only where none of its modules is: its output is the output of
+        one of them (a head past 65504), so keeping that module in fp32 is the one line."""
         low = self.amp_dtype
-        return [r.module for r in self.ranges if self.ran_low(r.module)
-                and ((r.overflows_fp16 and low == "fp16") or r.rounds_signal_away)]
+        found = [r.module for r in self.ranges if self.ran_low(r.module)
+                 and ((r.overflows_fp16 and low == "fp16") or r.rounds_signal_away)]
+        return [m for m in found if m != MODEL] or found
 
     @property
     def overflow_modules(self) -> list[str]:
@@ -1019,7 +1022,7 @@ def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advic
                if r.overflows_fp16 and name == "fp16" else
                f"{r.module} ({r.type}): {name}'s rounding step is {r.rounding:.3g}x the spread "
                "of its outputs across samples, so the signal is rounded away")
-        out.append(_keep_in_fp32(r.module, kind, why))
+        out.append(_keep_in_fp32(r.module, kind, why, op="op that makes its output"))
     for module in report.flagged:
         if module in ranged:
             continue

@@ -896,3 +896,28 @@ def test_following_the_keep_in_fp32_advice_for_bf16_rounding_agrees():
     followed = amp_checkup(Offset(), (x, x.sum(1, keepdim=True)), nn.functional.mse_loss,
                            dtype=torch.bfloat16, **OPTIONS)
     assert followed.flagged == [] and followed.judged and followed.agrees
+
+
+class LargeHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head = nn.Linear(8, 16), nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+def test_an_output_past_fp16_is_kept_in_fp32_by_one_line_for_its_module():
+    # issue 43 item 3: the head's output is the model's output; both were flagged, and the
+    # advice said "keep head in fp32" and, for the model, "around the None in the model's own
+    # forward" for the same finding
+    model = fresh(LargeHead)
+    model.head.bias.data.fill_(1e5)
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(0))
+    report = amp_checkup(model, (x, torch.full((32, 1), 1e5)), nn.functional.mse_loss,
+                         dtype=torch.float16, **{**OPTIONS, "steps": 2})
+    assert {r.module for r in report.ranges if r.overflows_fp16} == {MODEL, "head"}
+    assert report.flagged == ["head"]
+    lines = [a.line for a in report.advice if "enabled=False" in a.line]
+    assert len(lines) == 1 and "self.head(h.float())" in lines[0]
+    assert not any("None" in a.line for a in report.advice)
