@@ -50,7 +50,7 @@ from amp_tutorial.ceiling import SIZES, matmul_ceiling
 from amp_tutorial.checkup import FP16_MAX, FP16_TINY, CheckupError, amp_checkup
 from amp_tutorial.device import device_line, dtype_name, select_device
 from amp_tutorial.models import course_models
-from amp_tutorial.plots import plot_losses
+from amp_tutorial.plots import plot_broken_and_fixed, plot_losses
 from amp_tutorial.presets import get_preset
 
 info = select_device()
@@ -198,7 +198,9 @@ print(advice.to_string(index=False))
 #
 # You write the advice into the model's `forward`: `stem.0` runs in an autocast-disabled region
 # on fp32 inputs, so its outputs past 65504 stay fp32, and the `LayerNorm` gets them in fp32.
-# The rest of the model keeps running in fp16. The same check-up, from the same weights:
+# The rest of the model keeps running in fp16. The same check-up, from the same weights; the
+# figure puts the broken run (left: no fp16 loss is finite, a red x marks each step) beside the
+# fixed one (right: the fp16 curve lies on the fp32 one).
 
 # %%
 class CountsFixed(Counts):
@@ -217,8 +219,11 @@ assert fixed.ran_low("body.0")  # the rest still does
 assert fixed.first_nonfinite is None and fixed.agrees, (fixed.output_rel_diff, fixed.loss_rel_gap)
 print(f"fixed: outputs differ by {fixed.output_rel_diff:.2e} (relative), loss curves by "
       f"{fixed.loss_rel_gap:.2e}")
-fig = plot_losses(fixed.losses, title="Raw-counts model, stem.0 in fp32: fp32 and fp16 agree",
-                  ylabel="MSE loss")
+assert not any(map(math.isfinite, hazard.losses["fp16"]))  # broken: no fp16 loss is finite
+fig = plot_broken_and_fixed(hazard.losses, fixed.losses, ylabel="MSE loss",
+                            title="Raw-counts model: fp32 and fp16 from the same weights",
+                            broken_note="stem.0 in fp16 (past 65504)",
+                            fixed_note="stem.0 in fp32, the rest fp16")
 
 # %% [markdown]
 # ## 5. What cannot be checked gets one plain line

@@ -7,6 +7,7 @@ not a run: values lost (flushed to 0, overflowed, a skipped step) and fp16's num
 
 from __future__ import annotations
 
+import math
 import re
 import textwrap
 from collections import Counter
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import LogLocator, MaxNLocator
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -164,16 +165,18 @@ def plot_outputs(images: Mapping[str, torch.Tensor | np.ndarray], title: str) ->
     """Images side by side on one colour scale: the target next to each run's prediction (each
     run's title in its palette colour).
     """
-    fig, axes = plt.subplots(1, len(images), figsize=(3.3 * len(images), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(images), figsize=(3.3 * len(images) + 0.5, 3.4),
+                             squeeze=False, layout="constrained")
     for ax, (name, image) in zip(axes[0], images.items(), strict=True):
-        ax.imshow(_as_2d(image), cmap="viridis", origin="lower", extent=(0, 1, 0, 1),
-                  vmin=0, vmax=1)
+        shown = ax.imshow(_as_2d(image), cmap="viridis", origin="lower", extent=(0, 1, 0, 1),
+                          vmin=0, vmax=1)
         key = palette_key(name)
         ax.set(xlabel="x (normalised)")
         ax.set_title(name, color=PALETTE[key] if key != "other" else "black")
     axes[0][0].set_ylabel("y (normalised)")
+    fig.colorbar(shown, ax=axes[0].tolist(), label="value (0 to 1, one scale for all)",
+                 shrink=0.9)
     fig.suptitle(title)
-    fig.tight_layout()
     return fig
 
 
@@ -193,11 +196,33 @@ def plot_losses(histories: Mapping[str, Sequence[float]], title: str = "Training
     log = use_log_scale([float(v) for h in histories.values() for v in h])
     ax.set(title=title, xlabel=xlabel, ylabel=_scale_label(ylabel, log),
            yscale="log" if log else "linear")
+    if log:
+        _label_log_axis(ax.yaxis, [float(v) for h in histories.values() for v in h])
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def _plain(value: float) -> str:
+    """Three significant digits without an exponent where that reads better: 1340, 24.3, 0.0123
+    (not 1.34e+03); a value far from 1 keeps its exponent (3.4e+38)."""
+    if value == 0 or not 1e-3 <= abs(value) < 1e6:
+        return f"{value:.3g}"
+    return f"{float(f'{value:.3g}'):,.10g}"
+
+
+def _label_log_axis(axis: object, values: Sequence[float]) -> None:
+    """A log axis over a decade or two shows one power of ten at most: there, label 2 and 5 times
+    each power too (0.02, 0.05, 0.1, 0.2), in plain numbers, so the reader can read values off
+    it; over more decades the powers of ten alone."""
+    finite = np.asarray(values, dtype=float)
+    finite = finite[np.isfinite(finite) & (finite > 0)]
+    axis.set_major_formatter(lambda v, _: _plain(v))
+    if finite.size and finite.max() / finite.min() <= 100:
+        axis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
+        axis.set_minor_formatter(lambda v, _: _plain(v))
 
 
 def _scale_label(label: str, log: bool) -> str:
@@ -226,7 +251,10 @@ def plot_bars(values: Mapping[str, Mapping[str, float]], title: str,
                       yerr=whiskers, capsize=3 if whiskers else 0, ecolor=MARKS["normal"])
         ax.set_xticks(range(len(runs)),
                       [textwrap.fill(run, 9, break_long_words=False) for run in runs])
-        ax.bar_label(bars, fmt="%.3g")
+        for x, (value, bar) in enumerate(zip(runs.values(), bars, strict=True)):
+            top = bar.get_height() + (whiskers[x] if whiskers else 0.0)  # above its whisker
+            ax.annotate(_plain(float(value)), (x, top), xytext=(0, 2), ha="center", va="bottom",
+                        textcoords="offset points")
         ax.set(title=metric, ylabel=metric)
         ax.margins(y=0.15)
     fig.suptitle(title)
@@ -375,7 +403,9 @@ def plot_utilization(rows: Sequence[tuple[str, float, float | None]], measure: s
         ax.axvline(goal, color=MARKS["lost"], linestyle="--", label=f"goal {goal:.0%}")
         ax.legend(fontsize=8, loc="lower right")
     ax.set(title=title, xlabel=measure)
-    ax.set_xlim(0, max([*values, goal or 0]) * 1.25 or 1)
+    # room for each whisker and the share printed past it (bar_label puts it beyond the whisker)
+    ax.set_xlim(0, max([*(v + e for v, e in zip(values, errors, strict=True)), goal or 0]) * 1.3
+                or 1)
     ax.xaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
     fig.tight_layout()
     return fig
@@ -539,6 +569,8 @@ def plot_resume(straight: Sequence[float], resumed: Mapping[str, Sequence[float]
     log = use_log_scale(straight)
     left.set(title="loss per step", xlabel="training step", ylabel=_scale_label("loss", log),
              yscale="log" if log else "linear")
+    if log:
+        _label_log_axis(left.yaxis, straight)
     right.set(title="resumed minus straight through", xlabel="training step",
               ylabel="loss difference")
     fig.suptitle(title)
@@ -586,5 +618,50 @@ def plot_block_dtypes(ops: Sequence[object], title: str) -> Figure:
               labels=[f"output in {k}" for k in present], fontsize=8, loc="lower right",
               bbox_to_anchor=(1.0, 1.0), ncols=len(present), frameon=False)
     ax.set_title(textwrap.fill(title, 90), loc="left", fontsize=10, pad=14)
+    fig.tight_layout()
+    return fig
+
+
+def plot_broken_and_fixed(broken: Mapping[str, Sequence[float]],
+                          fixed: Mapping[str, Sequence[float]], title: str,
+                          broken_note: str = "", fixed_note: str = "", ylabel: str = "loss",
+                          dtype: str | torch.dtype | None = None) -> Figure:
+    """Two panels on one y axis: left the losses per step of the broken runs (fp32 and the AMP
+    run that failed), right the same runs once fixed, each run in its dtype's colour (fp32 solid,
+    the others dashed with markers over it). A step whose loss is inf or NaN cannot be drawn as
+    a point: it gets a red x along the panel's top, and its run's label counts them.
+    ``broken_note``/``fixed_note``: what was wrong and what changed, after "broken: "/"fixed: ".
+    """
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.0), sharey=True)
+    finite = [float(v) for h in (*broken.values(), *fixed.values()) for v in h
+              if math.isfinite(float(v))]
+    log = use_log_scale(finite)
+    for ax, runs, what, note in ((axes[0], broken, "broken", broken_note),
+                                 (axes[1], fixed, "fixed", fixed_note)):
+        names = list(runs)
+        marked = False
+        for i, (name, style) in enumerate(zip(names, _line_styles(names, dtype), strict=True)):
+            losses = [float(v) for v in runs[name]]
+            steps = list(range(1, len(losses) + 1))
+            lost = [s for s, v in zip(steps, losses, strict=True) if not math.isfinite(v)]
+            label = name if not lost else f"{name}: inf/NaN at {len(lost)} of {len(losses)} steps"
+            ax.plot(steps, losses, label=label, **_sparse_markers(style, len(losses), i))
+            if lost:
+                ax.scatter(lost, [0.93] * len(lost), transform=ax.get_xaxis_transform(),
+                           marker="x", s=40, color=MARKS["lost"], zorder=4, clip_on=False,
+                           label=None if marked else "inf/NaN loss (no point to draw)")
+                marked = True
+        ax.set(title=f"{what}: {note}" if note else what, xlabel="training step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
+    axes[0].set(ylabel=_scale_label(ylabel, log), yscale="log" if log else "linear")
+    if log:
+        _label_log_axis(axes[0].yaxis, finite)
+    if finite:  # room at the top for the x's of the steps that have no loss to draw
+        low, high = min(finite), max(finite)
+        pad = (high - low) * 0.1 or abs(high) * 0.1 or 1.0
+        axes[0].set_ylim(low / 1.5 if log else low - pad, high * 3 if log else high + 2.5 * pad)
+    fig.suptitle(title)
     fig.tight_layout()
     return fig

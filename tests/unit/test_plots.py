@@ -115,6 +115,9 @@ SAMPLES = {  # small inputs for each public plotting helper
         [1.0, 0.8, 0.7, 0.6], {"resumed": [0.7, 0.6], "resumed, other data": [0.75, 0.6]}, 2,
         dtype=torch.float16),
     "plot_block_dtypes": lambda: plots.plot_block_dtypes(BLOCK, "one block"),
+    "plot_broken_and_fixed": lambda: plots.plot_broken_and_fixed(
+        {"fp32": [0.5, 0.4, 0.35], "AMP fp16": [float("nan"), float("inf"), 0.36]},
+        {"fp32": [0.5, 0.4, 0.35], "AMP fp16": [0.5, 0.4, 0.35]}, "hazard"),
     "plot_sweep": lambda: plots.plot_sweep(
         {"fp32, 512 tokens": {64: (0.5, 0.02), 128: (0.6, 0.05)},
          "AMP bf16, 512 tokens": {64: (0.1, 0.03), 128: (0.3, 0.02)}}, "sweep", "MFU"),
@@ -194,7 +197,10 @@ def test_image_and_outputs():
     assert fig._suptitle.get_text() == "target"
     assert _labels(fig)[0][1:] == ("x (normalised)", "y (normalised)")
     fig = plots.plot_outputs({"target": IMAGE, "fp32": IMAGE[0, 0]}, "side by side")
-    assert [ax.get_title() for ax in fig.axes] == ["target", "fp32"]
+    assert [ax.get_title() for ax in fig.axes if ax.get_label() != "<colorbar>"] == [
+        "target", "fp32"]
+    (bar,) = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]  # one scale, read off
+    assert bar.get_ylim() == (0.0, 1.0) and "0 to 1" in bar.get_ylabel()
     assert fig._suptitle.get_text() == "side by side"
     assert to_rgb(fig.axes[1].title.get_color()) == to_rgb(PALETTE["fp32"])
 
@@ -248,6 +254,18 @@ def test_losses_axis_is_linear_under_a_decade_and_log_above_and_its_label_says_w
     assert plots.plot_losses({"fp32": [1.0, 0.01]}).axes[0].get_ylabel() == "MSE loss (log scale)"
 
 
+def test_a_log_axis_over_a_decade_or_two_labels_more_than_one_power_of_ten():
+    ax = plots.plot_losses({"fp32": [0.6, 0.1, 0.03], "AMP bf16": [0.6, 0.1, 0.03]}).axes[0]
+    ax.figure.canvas.draw()
+    low, high = ax.get_ylim()
+    shown = [t.get_text() for t in [*ax.get_yticklabels(), *ax.get_yticklabels(minor=True)]
+             if t.get_text() and low <= t.get_position()[1] <= high]
+    assert {"0.05", "0.1", "0.2", "0.5"} <= set(shown), shown  # plain numbers, not 10^-1 alone
+    ax = plots.plot_losses({"fp32": [1.0, 1e-6]}).axes[0]  # six decades: powers of ten only
+    ax.figure.canvas.draw()
+    assert not [t for t in ax.get_yticklabels(minor=True) if t.get_text()]
+
+
 @pytest.mark.parametrize("n", [2, 3, 7, 40])
 def test_step_axes_have_integer_ticks(n):
     ax = plots.plot_losses({"fp32": list(np.linspace(1.0, 0.9, n))}, xlabel="epoch").axes[0]
@@ -267,6 +285,10 @@ def test_bars_one_panel_per_metric_coloured_by_dtype_hatched_where_colours_repea
     assert [to_rgb(p.get_facecolor()) for p in compiled] == [
         to_rgb(PALETTE[k]) for k in ("fp32", "bf16", "compiled", "compiled")]
     assert compiled[2].get_hatch() != compiled[3].get_hatch()  # two compiled runs told apart
+    slow = plots.plot_bars({"time (ms)": {"fp32": 230.4, "AMP bf16": 1337.2}}, "b").axes[0]
+    assert [t.get_text() for t in slow.texts] == ["230", "1,340"]  # not 1.34e+03
+    timed = SAMPLES["plot_bars"]().axes[0]  # eager fp32 2.0 with a whisker of 0.1
+    assert timed.texts[0].get_text() == "2" and timed.texts[0].xy[1] == pytest.approx(2.1)
 
 
 def test_op_times_short_names_coloured_by_the_narrowest_input_and_bars_use_the_width():
@@ -437,3 +459,38 @@ def test_block_dtypes_of_a_real_block_under_cpu_autocast():
             assert colour == to_rgb(PALETTE["bf16"]), name
         if "layer_norm" in name or name.startswith("add ("):  # residual stream stays fp32
             assert colour == to_rgb(PALETTE["fp32"]), name
+
+
+def test_broken_and_fixed_side_by_side_with_each_lost_step_marked():
+    nan, inf = float("nan"), float("inf")
+    fig = plots.plot_broken_and_fixed(
+        {"fp32": [0.48, 0.43, 0.40, 0.39], "AMP fp16": [nan, nan, inf, nan]},
+        {"fp32": [0.48, 0.43, 0.40, 0.39], "AMP fp16": [0.48, 0.43, 0.40, 0.39]},
+        "raw counts", broken_note="stem.0 in fp16", fixed_note="stem.0 in fp32")
+    broken, fixed = fig.axes
+    assert (broken.get_title(), fixed.get_title()) == ("broken: stem.0 in fp16",
+                                                       "fixed: stem.0 in fp32")
+    assert broken.get_shared_y_axes().joined(broken, fixed)  # one y axis: compare by eye
+    assert broken.get_yscale() == "linear"  # 0.39 to 0.48: under a decade
+    # every lost step of the broken fp16 run is a red x; the fixed panel has none
+    (xs,) = broken.collections
+    assert xs.get_offsets()[:, 0].tolist() == [1, 2, 3, 4]
+    assert to_rgb(xs.get_edgecolors()[0][:3]) == to_rgb(MARKS["lost"])
+    assert not fixed.collections
+    labels = [t.get_text() for t in broken.get_legend().get_texts()]
+    assert "AMP fp16: inf/NaN at 4 of 4 steps" in labels
+    # fixed: the fp16 run drawn over the fp32 one, in its colour, dashed so both show
+    fp32, fp16 = fixed.get_lines()
+    assert to_rgb(fp16.get_color()) == to_rgb(PALETTE["fp16"]) and fp16.get_linestyle() == "--"
+    assert to_rgb(fp32.get_color()) == to_rgb(PALETTE["fp32"])
+    assert all(t == int(t) for t in fixed.get_xticks())  # whole steps
+
+
+def test_utilization_keeps_each_whisker_and_its_printed_share_inside_the_axis():
+    fig = plots.plot_utilization([("fp32", 0.065, 0.06)], "share of the matmul rate", "ladder")
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    assert ax.get_xlim()[1] > 0.065 + 0.06  # the whisker's end is drawn
+    (label,) = [t for t in ax.texts if t.get_text() == "6.5%"]
+    box, frame = label.get_window_extent(), ax.get_window_extent()
+    assert box.x1 <= frame.x1  # the share printed past the whisker is not cut off
