@@ -77,6 +77,12 @@ MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7}  # stored fraction bits
 ROUNDING_LIMIT = 0.5  # a rounding step above half the sample-to-sample spread loses the signal
 AGREEMENT = {torch.float16: 0.02, torch.bfloat16: 0.05}  # relative difference called agreement
 MIN_UPDATES = 2  # applied AMP updates compared with fp32's before agreement is judged
+# fp32's own spread: its loss curve rerun from weights nudged by one rounding step of the AMP
+# dtype (its unit roundoff, a random sign per weight), NUDGES times. Where fp32 itself moves by
+# more than AGREEMENT from so small a change (a tiny batch, Adam's sign-like first steps, a
+# model near a cliff), the curves are judged against SPREAD_FACTOR times that spread instead.
+NUDGES = 2
+SPREAD_FACTOR = 2
 INIT_SCALE = 2.0**16  # GradScaler's default init_scale
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 # The ops cuBLAS computes as GEMMs, whose fp32 ``torch.backends.cuda.matmul``'s TF32 setting
@@ -372,6 +378,18 @@ class Checkup:
     op_overflows: list[OpOverflow] = field(default_factory=list)
     init_scale: float | None = INIT_SCALE  # the GradScaler's first scale (fp16)
     advice: list[Advice] = field(default_factory=list)
+    # the largest relative gap of fp32's loss curve rerun from nudged weights (NUDGES runs)
+    fp32_spread: float = 0.0
+    # the fp32 output from the initial weights is all zeros (a zero-initialised head, as
+    # torchvision's ViT has): the outputs then say nothing, the loss curves judge alone
+    outputs_all_zero: bool = False
+
+    @property
+    def loss_tolerance(self) -> float:
+        """The loss curves' agreement limit: AGREEMENT for the dtype, or SPREAD_FACTOR times
+        fp32's own spread where that is larger."""
+        base = AGREEMENT[torch.float16 if self.amp_dtype == "fp16" else torch.bfloat16]
+        return max(base, SPREAD_FACTOR * self.fp32_spread)
 
     @property
     def flagged(self) -> list[str]:
@@ -494,8 +512,11 @@ class Checkup:
              "inside the forward under autocast, where fp32 made none"},
             {"finding": "agreement with fp32", "value": self.verdict.split(":")[0],
              "why": self.verdict.split(": ", 1)[-1] if ":" in self.verdict else
-             f"outputs {self.output_rel_diff:.2e}, loss curves {self.loss_rel_gap:.2e} "
-             "(relative)"},
+             ("outputs all zero from the initial weights (a zero-initialised head), not "
+              "compared" if self.outputs_all_zero else f"outputs {self.output_rel_diff:.2e}")
+             + f", loss curves {self.loss_rel_gap:.2e} "
+             f"(relative; fp32 from weights nudged by one rounding step: "
+             f"{self.fp32_spread:.2e})"},
         ]
 
     def op_rows(self) -> list[dict[str, object]]:
@@ -562,7 +583,8 @@ class Checkup:
                     ("ranges", self.range_rows()), ("payoff", self.payoff_rows()),
                     ("what to do", self.advice_rows())]
         lines = [f"agreement: output differs by {self.output_rel_diff:.2e} (relative), loss "
-                 f"curves by {self.loss_rel_gap:.2e}: {self.verdict}"]
+                 f"curves by {self.loss_rel_gap:.2e} (fp32's own spread "
+                 f"{self.fp32_spread:.2e}): {self.verdict}"]
         for title, rows in sections:
             lines.append(f"\n== {title} ==")
             lines += ["  " + "; ".join(f"{k}: {v}" for k, v in row.items()) for row in rows]
@@ -959,6 +981,35 @@ def _train(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None
             scale if scaler is not None else None)
 
 
+def _fp32_spread(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
+                 step: StepFn | None, make_optimizer: Callable, steps: int,
+                 device: torch.device, dtype: torch.dtype, losses32: list[float]) -> float:
+    """How far fp32's own loss curve moves when its weights move by one rounding step of
+    ``dtype``: the largest relative gap to ``losses32`` over NUDGES reruns, each from the
+    initial weights with every parameter times (1 +- ``dtype``'s unit roundoff), a seeded
+    random sign per weight. The runs are untimed; their random numbers (dropout) are fp32's."""
+    names = {name for name, _ in model.named_parameters()}
+    roundoff = torch.finfo(dtype).eps / 2
+    worst = 0.0
+    for seed in range(NUDGES):
+        g = torch.Generator().manual_seed(seed)
+        nudged = {}
+        for key, value in initial.items():
+            if key in names and value.is_floating_point():
+                sign = torch.randint(0, 2, value.shape, generator=g).to(value.dtype) * 2 - 1
+                value = value + value * (roundoff * sign.to(value.device))
+            nudged[key] = value
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(0)
+            losses = _train(model, nudged, batch, loss_fn, step, None, make_optimizer, steps,
+                            0, device)[0]
+        if not all(map(math.isfinite, losses)):
+            return math.inf
+        worst = max([worst] + [abs(a - b) / max(abs(b), 1e-12)
+                               for a, b in zip(losses, losses32, strict=True)])
+    return worst
+
+
 def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advice]:
     kind, name = info.type, dtype_name(dtype)
     torch_dtype = f"torch.{str(dtype).split('.')[-1]}"
@@ -1201,6 +1252,8 @@ def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
     gaps = [abs(a - losses32[k]) / max(abs(losses32[k]), 1e-12)
             for a, k in zip(losses_amp, applied, strict=True)]
     gap = max(gaps) if all(math.isfinite(x) for x in losses_amp) else math.inf
+    spread = _fp32_spread(model, initial, batch, loss_fn, step, make_optimizer, steps, device,
+                          dtype, losses32)
     ceiling = ceiling or matmul_ceiling(info, tuple(ceiling_sizes), steps=10, budget_s=0.5)
     name = dtype_name(dtype)
     tf32 = fp32_baseline(info) if kind == "cuda" else "not on this device (NVIDIA CUDA only)"
@@ -1220,10 +1273,12 @@ def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
         peak_bytes={"fp32": peak32, "amp": peak_amp}, saved_activation_bytes=saved,
         ceiling=ceiling.as_dict(),
         ceiling_ratio=ceiling.best_ratio(name) if name in ceiling.low_dtypes else None,
-        op_overflows=op_overflows, init_scale=init_scale if dtype == torch.float16 else None)
+        op_overflows=op_overflows, init_scale=init_scale if dtype == torch.float16 else None,
+        fp32_spread=spread, outputs_all_zero=not bool(ref.any()))
     # a run that compared too few applied AMP updates (the scaler skipped the others) is not
     # judged: its losses are those of the initial weights
-    report.agrees = rel <= AGREEMENT[dtype] and gap <= AGREEMENT[dtype] and report.judged
+    report.agrees = (rel <= AGREEMENT[dtype] and math.isfinite(gap)
+                     and gap <= report.loss_tolerance and report.judged)
     report.advice = _advice(report, info, dtype)
     return report
 

@@ -19,6 +19,7 @@ import amp_tutorial.checkup as checkup_module
 from amp_tutorial.autocast_policy import OpTrace
 from amp_tutorial.ceiling import Ceiling, MatmulRate
 from amp_tutorial.checkup import (
+    AGREEMENT,
     MODEL,
     Checkup,
     CheckupError,
@@ -145,6 +146,10 @@ def test_bf16_rounding_that_swamps_the_signal_is_flagged_at_its_first_module():
     assert report.fp16_overflows == [] and report.flagged == ["0"]  # not the LayerNorm after it
     assert next(r for r in report.ranges if r.module == "0").rounding > 10
     assert not report.agrees  # the LayerNorm takes the offset away; in bf16 nothing is left
+    # fp32's own curve moves a lot when a 1e4 bias moves by one bf16 rounding step, so the
+    # curves alone would pass; the outputs from the same weights still say DISAGREE
+    assert report.loss_rel_gap < report.loss_tolerance
+    assert report.output_rel_diff > AGREEMENT[torch.bfloat16] and report.verdict == "DISAGREE"
     assert any("self[0](h.float())" in a.line for a in report.advice)
 
 
@@ -152,6 +157,9 @@ def test_a_clean_model_gets_no_flag_and_its_ops_are_grouped_by_module():
     model, batch, loss_fn = make_clean()
     report = amp_checkup(model, batch, loss_fn, dtype=torch.bfloat16, **OPTIONS)
     assert report.flagged == [] and report.fp16_overflows == [] and report.agrees
+    # a well-conditioned model: fp32 hardly moves from nudged weights, AGREEMENT is the limit
+    assert 0 < report.fp32_spread < AGREEMENT[torch.bfloat16] / 10
+    assert report.loss_tolerance == AGREEMENT[torch.bfloat16]
     rows = {r["module"]: r for r in report.op_rows()}
     assert "addmm" in rows["0"]["ran in bf16"] and "addmm" in rows["2"]["ran in bf16"]
     assert "mse_loss" in rows["(loss)"]["ran in fp32"]  # CPU autocast's fp32 list
