@@ -33,7 +33,7 @@ import torch
 from amp_tutorial.ceiling import Ceiling
 from amp_tutorial.device import DeviceInfo, dtype_name, tf32_in_use
 from amp_tutorial.measure import Timing, free_memory, fresh_compile_cache, time_steps
-from amp_tutorial.mfu import Utilization, compute_dtype, peak_for, percent, step_flops
+from amp_tutorial.mfu import Peak, Utilization, compute_dtype, peak_for, percent, step_flops
 from amp_tutorial.presets import TransformerSizes
 from amp_tutorial.reversal_task import ReversalTask, sequence_loss
 from amp_tutorial.step_profile import TimeShares, profile_steps, time_shares
@@ -157,13 +157,25 @@ def _config(sizes: TransformerSizes, d_model: int | None = None) -> TransformerC
     return TransformerConfig(sizes.n_symbols + 1, sizes.seq_len, width, sizes.n_layers, heads)
 
 
-def matmul_rate_tflops(ceiling: Ceiling | None, compute: str) -> float | None:
-    """The measured matmul rate of ``compute`` ("fp32", "tf32", "bf16", "fp16") in TFLOP/s."""
+def why_no_matmul_rate(ceiling: Ceiling | None, compute: str) -> str | None:
+    """None where ``compute`` ("fp32", "tf32", "bf16", "fp16") has a measured matmul rate to
+    read a step against; else, in words, why it has none."""
     measured = "fp32" if compute == "tf32" else compute
-    if (ceiling is None or measured not in ["fp32", *ceiling.low_dtypes]
-            or measured in ceiling.emulated):  # an emulated matmul bounds no model's step
+    if ceiling is None:
+        return "no matmul rate was measured"
+    if measured in ceiling.emulated:  # an emulated matmul bounds no model's step
+        return f"{measured} is emulated on this device: its matmul rate bounds no step"
+    if measured not in ["fp32", *ceiling.low_dtypes]:
+        return f"no {measured} matmul rate was measured here"
+    return None
+
+
+def matmul_rate_tflops(ceiling: Ceiling | None, compute: str) -> float | None:
+    """The measured matmul rate of ``compute`` ("fp32", "tf32", "bf16", "fp16") in TFLOP/s, None
+    where ``why_no_matmul_rate`` gives a reason."""
+    if why_no_matmul_rate(ceiling, compute) is not None:
         return None
-    return ceiling.best_gflops(measured) / 1e3
+    return ceiling.best_gflops("fp32" if compute == "tf32" else compute) / 1e3
 
 
 def run_step(info: DeviceInfo, sizes: TransformerSizes, rung: Rung, ceiling: Ceiling | None,
@@ -319,7 +331,9 @@ def ladder_report(info: DeviceInfo, ceiling: Ceiling | None,
                                            "source": peak.source},
         "ceiling": None if ceiling is None else ceiling.as_dict(), "mfu_goal": MFU_GOAL}
     if ladder:
-        report["ladder"] = [r.as_dict() for r in ladder]
+        tf32 = "matmuls" in tf32_in_use(info)
+        report["ladder"] = [r.as_dict() | _why_unmeasured(r, info, peak, ceiling, tf32)
+                            for r in ladder]
     if sweep_rows:
         report["sweep"] = [{"d_model": r.d_model, "tokens": r.tokens, "mode": r.mode,
                             **r.result.as_dict()} for r in sweep_rows]
@@ -328,10 +342,38 @@ def ladder_report(info: DeviceInfo, ceiling: Ceiling | None,
     return report
 
 
+def _why_unmeasured(result: RungResult, info: DeviceInfo, peak: Peak | None,
+                    ceiling: Ceiling | None, tf32: bool) -> dict[str, str]:
+    """For a rung that ran: why it has no MFU (``why_no_mfu``) or no share of the matmul rate
+    (``why_no_of_matmul``), in words; the keys whose measure is known are left out."""
+    if result.utilization is None:  # not run: ``skipped`` says why
+        return {}
+    compute = compute_dtype(result.rung.compute, tf32)
+    why: dict[str, str] = {}
+    if result.utilization.mfu is None:
+        why["why_no_mfu"] = (
+            f"{peak.name} lists no {compute} peak" if peak is not None else
+            "a CPU has no datasheet peak" if info.type == "cpu" else
+            f"no datasheet peak is listed for {info.name}")
+    if result.utilization.of_matmul is None:
+        why["why_no_of_matmul"] = (why_no_matmul_rate(ceiling, compute)
+                                   or f"no {compute} matmul rate")
+    return why
+
+
+def _not_drawn(rows: Sequence[dict], key: str, measure: str) -> list[tuple[str, str]]:
+    """(rung, why) for each rung of a report's ladder that has no ``key`` to draw: the reason it
+    was skipped, else why its measure is unknown (``ladder_report``'s ``why_no_<key>``)."""
+    return [(r["name"], r.get("skipped") or r.get(f"why_no_{key}") or f"no {measure}")
+            for r in rows if not r.get(key)]
+
+
 def ladder_figures(report: dict) -> dict[str, object]:
     """The figures of a ladder report (the dict ``pdm run ladder --json`` writes): "ladder" (each
     rung's MFU, or its share of the matmul rate where the device has no known peak, with the
-    quartile spread), "time-shares" (each rung's step by group) and "sweep"."""
+    quartile spread; a rung without one, skipped or unmeasured, is named under the bars with the
+    report's reason, and the title counts the rungs drawn), "time-shares" (each rung's step by
+    group) and "sweep"."""
     from amp_tutorial.plots import plot_sweep, plot_time_shares, plot_utilization
 
     peak = report.get("peak")
@@ -339,14 +381,18 @@ def ladder_figures(report: dict) -> dict[str, object]:
                     ("of_matmul", "share of the measured matmul rate"))
     device = report.get("device_name", "")
     figures: dict[str, object] = {}
-    ran = [r for r in report.get("ladder", []) if r.get(key)]
-    if ran:
+    rungs = report.get("ladder", [])
+    ran = [r for r in rungs if r.get(key)]
+    if rungs:  # every rung is drawn, or named under the figure with why it is not
         def label(r: dict) -> str:
             return f"{r['name']} (of {r['peak_tflops']:g} TFLOP/s)" if peak else r["name"]
 
+        missing = _not_drawn(rungs, key, measure)
+        title = f"The ladder on {device}" + (f": {len(ran)} of {len(rungs)} rungs drawn"
+                                             if missing else "")
         figures["ladder"] = plot_utilization(
             [(label(r), r[key], r[key] * r["iqr_s"] / r["median_s"]) for r in ran], measure,
-            f"The ladder on {device}", MFU_GOAL if peak else None)
+            title, MFU_GOAL if peak else None, missing=missing)
     shares = {r["name"]: r["time_shares"] for r in report.get("ladder", [])
               if r.get("time_shares")}  # every profiled rung, with a limit to read it by or not
     if shares:

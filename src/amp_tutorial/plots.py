@@ -388,10 +388,16 @@ GROUP_COLOURS: dict[str, str] = {  # amp_tutorial.step_profile.GROUPS: no dtype'
 
 
 def plot_utilization(rows: Sequence[tuple[str, float, float | None]], measure: str,
-                     title: str, goal: float | None = None) -> Figure:
+                     title: str, goal: float | None = None,
+                     missing: Sequence[tuple[str, str]] = ()) -> Figure:
     """One horizontal bar per rung (label, share, quartile spread as a share or None), in the
-    colour of the dtype its label names, the share printed at its end; ``goal`` as a line."""
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.4))
+    colour of the dtype its label names, the share printed at its end; ``goal`` as a line.
+    ``missing``: (rung, why) for each rung without a bar, listed under the axis by reason, so a
+    reader sees which rungs are absent and why (with no bar at all, the axis says so)."""
+    note = _missing_note(missing)
+    note_lines = note.count("\n") + 1 if note else 0
+    height = 0.45 * max(len(rows), 1) + 1.4 + 0.13 * note_lines
+    fig, ax = plt.subplots(figsize=(7, height))
     labels = [r[0] for r in rows][::-1]
     values = [r[1] for r in rows][::-1]
     errors = [r[2] or 0.0 for r in rows][::-1]
@@ -399,6 +405,10 @@ def plot_utilization(rows: Sequence[tuple[str, float, float | None]], measure: s
                    color=[colour_for(label) for label in labels])
     ax.bar_label(bars, labels=[f"{v:.1%}" for v in values], padding=4, fontsize=8)
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    if not rows:
+        ax.text(0.5, 0.5, f"no rung has a {measure} here: why, below" if missing else
+                f"no rung has a {measure}", transform=ax.transAxes, ha="center", va="center",
+                fontsize=9, color=MARKS["normal"])
     if goal is not None:
         ax.axvline(goal, color=MARKS["lost"], linestyle="--", label=f"goal {goal:.0%}")
         ax.legend(fontsize=8, loc="lower right")
@@ -407,8 +417,26 @@ def plot_utilization(rows: Sequence[tuple[str, float, float | None]], measure: s
     ax.set_xlim(0, max([*(v + e for v, e in zip(values, errors, strict=True)), goal or 0]) * 1.3
                 or 1)
     ax.xaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
-    fig.tight_layout()
+    bottom = 0.0
+    if note:
+        bottom = (0.13 * note_lines + 0.08) / height
+        fig.text(0.02, 0.02, note, fontsize=7.5, va="bottom", ha="left", wrap=False)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     return fig
+
+
+def _missing_note(missing: Sequence[tuple[str, str]], width: int = 110) -> str:
+    """"Not drawn:" and one wrapped line per reason, naming the rungs it applies to, in order."""
+    by_reason: dict[str, list[str]] = {}
+    for name, why in missing:
+        by_reason.setdefault(why, []).append(name)
+    if not by_reason:
+        return ""
+    lines = ["Not drawn:"]
+    for why, names in by_reason.items():
+        lines.append(textwrap.fill(f"{', '.join(names)}: {why}", width, initial_indent="- ",
+                                   subsequent_indent="  ", break_long_words=False))
+    return "\n".join(lines)
 
 
 def plot_time_shares(shares: Mapping[str, Mapping[str, float]], title: str) -> Figure:
@@ -539,11 +567,12 @@ def plot_autocast_rules(rules: Mapping[str, Mapping[str, str]], low: torch.dtype
 
 def plot_resume(straight: Sequence[float], resumed: Mapping[str, Sequence[float]],
                 resumed_at: int, dtype: str | torch.dtype | None = None,
-                title: str = "Resuming from a checkpoint") -> Figure:
+                title: str = "Resuming from a checkpoint", ylabel: str = "loss") -> Figure:
     """Left: the loss per step of a run trained straight through, and of each run resumed from a
     checkpoint saved after step ``resumed_at`` (its steps ``resumed_at + 1`` on), dashed with
     markers over it. Right: each resumed loss minus the straight one, step by step, on a linear
-    axis: an exact resume is a flat line at 0. ``dtype``: the runs' dtype, for their colour.
+    axis: an exact resume is a flat line at 0. ``dtype``: the runs' dtype, for their colour;
+    ``ylabel``: what the loss is ("MSE loss"), on both panels' axes.
     """
     names = ["straight through", *resumed]
     styles = _line_styles(names, dtype)
@@ -567,12 +596,12 @@ def plot_resume(straight: Sequence[float], resumed: Mapping[str, Sequence[float]
     right.axhline(0.0, color=MARKS["normal"], lw=1)
     right.set_xlim(resumed_at, left.get_xlim()[1])
     log = use_log_scale(straight)
-    left.set(title="loss per step", xlabel="training step", ylabel=_scale_label("loss", log),
+    left.set(title="loss per step", xlabel="training step", ylabel=_scale_label(ylabel, log),
              yscale="log" if log else "linear")
     if log:
         _label_log_axis(left.yaxis, straight)
     right.set(title="resumed minus straight through", xlabel="training step",
-              ylabel="loss difference")
+              ylabel=f"{ylabel} difference")
     fig.suptitle(title)
     fig.tight_layout()
     return fig

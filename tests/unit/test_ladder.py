@@ -145,3 +145,44 @@ def test_without_compiling_the_rungs_built_on_compile_run_eager(monkeypatch):
     skipped = {r.rung.name: r.skipped for r in rows if r.skipped}
     assert set(skipped) == {"AMP bf16 + compile", "AMP bf16 + CUDA graphs"}
     assert next(r for r in seen if r.name == "AMP bf16 + batch x4").change.endswith("(eager here)")
+
+
+def test_the_ladder_figure_says_why_each_rung_it_does_not_draw_is_missing(monkeypatch):
+    """A CPU with bf16 emulated and the compiled rungs left out: the share of the matmul rate
+    exists for fp32 only; every other rung is named under the bars with its reason."""
+    import amp_tutorial.ladder as ladder
+    from amp_tutorial.ceiling import Ceiling, MatmulRate
+    from amp_tutorial.ladder import ladder_figures, ladder_report
+    from amp_tutorial.mfu import Utilization
+
+    def fake_step(info, sizes, rung, ceiling, *_args, **_kwargs):
+        row = RungResult(rung, sizes.batch * rung.batch_scale * sizes.seq_len,
+                         timing=Timing((0.010, 0.011, 0.012)), final_loss=1.0)
+        row.utilization = Utilization(10**9, 0.011, None,
+                                      matmul_rate_tflops(ceiling, rung.compute or "fp32"))
+        return row
+
+    monkeypatch.setattr(ladder, "run_step", fake_step)
+    cpu = DeviceInfo(torch.device("cpu"), "CPU", "a CPU", (torch.bfloat16,), False)
+    ceiling = Ceiling(tuple(MatmulRate(256, d, Timing((0.001, 0.001, 0.001)))
+                            for d in ("fp32", "bf16")), emulated=("bf16",))
+    sizes = get_preset("smoke").transformer
+    rows = run_ladder(cpu, sizes, ceiling, compiled=False)
+    report = ladder_report(cpu, ceiling, rows)
+    by_name = {r["name"]: r for r in report["ladder"]}
+    assert "emulated" in by_name["AMP bf16"]["why_no_of_matmul"]
+    assert "why_no_of_matmul" not in by_name["fp32"] and by_name["fp32"]["why_no_mfu"]
+    fig = ladder_figures(report)["ladder"]
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["fp32"]
+    assert f"1 of {len(rows)} rungs drawn" in ax.get_title()
+    note = "\n".join(t.get_text() for t in fig.texts).replace("\n  ", " ")
+    for r in report["ladder"][1:]:  # each missing rung by name, with the reason from the data
+        assert r["name"] in note and (r["skipped"] or r["why_no_of_matmul"]) in note, r["name"]
+    assert "compiled=False" in note and "fp16 is not offered" in note
+    # no matmul rate at all: the figure is still drawn, empty, and says why
+    rows = run_ladder(cpu, sizes, None, compiled=False)
+    empty = ladder_figures(ladder_report(cpu, None, rows))["ladder"]
+    assert f"0 of {len(rows)} rungs drawn" in empty.axes[0].get_title()
+    assert "no matmul rate was measured" in empty.texts[0].get_text().replace("\n  ", " ")
+    assert any("no rung has" in t.get_text() for t in empty.axes[0].texts)

@@ -494,3 +494,26 @@ def test_utilization_keeps_each_whisker_and_its_printed_share_inside_the_axis():
     (label,) = [t for t in ax.texts if t.get_text() == "6.5%"]
     box, frame = label.get_window_extent(), ax.get_window_extent()
     assert box.x1 <= frame.x1  # the share printed past the whisker is not cut off
+
+
+def test_utilization_names_each_missing_rung_by_reason_under_the_bars():
+    fig = plots.plot_utilization([("fp32", 0.065, 0.01)], "share of the matmul rate", "ladder",
+                                 missing=[("AMP bf16", "bf16 is emulated"),
+                                          ("AMP bf16 + compile", "left out here"),
+                                          ("pure bf16", "bf16 is emulated")])
+    (note,) = [t.get_text() for t in fig.texts]
+    assert "- AMP bf16, pure bf16: bf16 is emulated" in note
+    assert "- AMP bf16 + compile: left out here" in note
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    text_box = fig.texts[0].get_window_extent(renderer)
+    axis_box = fig.axes[0].get_tightbbox(renderer)
+    assert text_box.y1 < axis_box.y0 and text_box.x1 <= fig.bbox.x1  # under the axis, not cut
+    empty = plots.plot_utilization([], "MFU", "ladder", missing=[("fp32", "no peak")])
+    assert any("no rung has a MFU" in t.get_text() for t in empty.axes[0].texts)
+
+
+def test_resume_labels_its_loss_axes_with_the_loss_it_plots():
+    fig = plots.plot_resume([1.0, 0.8, 0.7, 0.6], {"resumed": [0.7, 0.6]}, 2, ylabel="MSE loss")
+    left, right = fig.axes
+    assert left.get_ylabel() == "MSE loss" and right.get_ylabel() == "MSE loss difference"
