@@ -35,8 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from amp_tutorial.device import available_devices, dtype_name
 from amp_tutorial.measure import saved_activation_bytes, synchronize
@@ -276,18 +277,63 @@ def _own_gpu_context(original: Callable[[torch.device], None]) -> Callable[[torc
     return init
 
 
+def _unbuilt_device_types() -> frozenset[str]:
+    """Device types this torch build has no runtime for, whose fake tensors still exist."""
+    unbuilt = set()
+    if not torch.backends.mps.is_built():
+        unbuilt.add("mps")
+    if not getattr(torch._C, "_has_xpu", False):
+        unbuilt.add("xpu")
+    return frozenset(unbuilt)
+
+
+class _NoAutogradOnUnbuilt(TorchFunctionMode):
+    """Every op gets fake tensors of a device type this build lacks (MPS and XPU on a Linux
+    CUDA or CPU build) detached: autograd on them asks the device's guard, which this build does
+    not have, and C++ then *terminates the process* ("PyTorch is not linked with support for mps
+    devices", thrown where no exception may pass) instead of raising. A learner's
+    ``q.requires_grad_()``, ``t.requires_grad = True`` or ``torch.zeros(..., requires_grad=True)``
+    inside a simulated run would otherwise kill the kernel. Only dtypes are judged on fake
+    tensors, and those do not depend on autograd."""
+
+    def __init__(self, device_types: frozenset[str]) -> None:
+        super().__init__()
+        self.device_types = device_types
+
+    def _strip(self, value: object) -> object:
+        if (isinstance(value, torch.Tensor) and value.requires_grad
+                and value.device.type in self.device_types):
+            return value.detach()
+        return value
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = dict(kwargs or {})
+        if (func is torch.Tensor.requires_grad_ and isinstance(args[0], torch.Tensor)
+                and args[0].device.type in self.device_types):
+            return args[0]  # left as it was: no autograd on these tensors
+        device = kwargs.get("device")
+        if (kwargs.get("requires_grad") and device is not None
+                and torch.device(device).type in self.device_types):
+            kwargs["requires_grad"] = False  # a factory call making one of them
+        args, kwargs = tree_map(self._strip, args), tree_map(self._strip, kwargs)
+        return func(*args, **kwargs)
+
+
 @contextmanager
 def fake_tensors() -> Iterator[FakeTensorMode]:
     """``FakeTensorMode``, without the error log it writes for every call that raises inside it,
-    and with fake tensors of a device that is not here kept off the GPU that is
-    (``_own_gpu_context``).
+    with fake tensors of a device that is not here kept off the GPU that is
+    (``_own_gpu_context``), and with no autograd on fake tensors of a device type the build
+    lacks (``_NoAutogradOnUnbuilt``: it would abort the process).
     """
     log = logging.getLogger("torch._subclasses.fake_tensor")
     level, original = log.level, fake_tensor.init_gpu_context
     log.setLevel(logging.CRITICAL)  # a failing call is a probe result, reported in its row
     fake_tensor.init_gpu_context = _own_gpu_context(original)
+    unbuilt = _unbuilt_device_types()
     try:
-        with FakeTensorMode() as mode:
+        with (FakeTensorMode() as mode,
+              _NoAutogradOnUnbuilt(unbuilt) if unbuilt else nullcontext()):
             yield mode
     finally:
         fake_tensor.init_gpu_context = original

@@ -236,9 +236,14 @@ def batch_loss(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *,
 
 
 def _flat(output: object) -> torch.Tensor:
-    """Every floating tensor of a model's output (a ``ModelOutput``'s loss and logits, a named
-    tuple's main and auxiliary outputs) as one fp32 vector, to compare fp32's with AMP's."""
-    flat = [t.detach().float().flatten() for t in _tensors_in(output) if t.is_floating_point()]
+    """Every floating tensor of a model's output (a ``ModelOutput``'s logits, a named tuple's
+    main and auxiliary outputs) as one fp32 vector, to compare fp32's with AMP's. A loss the
+    output carries is left out where there is more (the loss curves compare it): one number of
+    size ~1 beside small logits would otherwise dilute their difference (BERT's, 30x)."""
+    loss = None if isinstance(output, torch.Tensor) else output_loss(output)
+    tensors = [t for t in _tensors_in(output) if t.is_floating_point()]
+    tensors = [t for t in tensors if t is not loss] or tensors
+    flat = [t.detach().float().flatten() for t in tensors]
     return torch.cat(flat) if flat else torch.zeros(0)
 
 

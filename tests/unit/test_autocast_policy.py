@@ -404,3 +404,33 @@ def test_fake_xpu_tensors_leave_a_present_cuda_gpu_alone(monkeypatch):
     with pytest.raises((AssertionError, RuntimeError)), fake_tensor.FakeTensorMode():
         torch.empty(2, device="xpu")  # without the course's guard: torch 2.11's failure
     assert started == ["xpu"]
+
+
+ABORTING_ANSWER = '''
+import torch
+from amp_tutorial.autocast_policy import autocast_flags, fake_tensors
+
+with fake_tensors(), autocast_flags("{device}", torch.float16):
+    q = torch.empty(4, 8, device="{device}", dtype=torch.float16).float().requires_grad_()
+    k = torch.empty(4, 8, device="{device}", dtype=torch.float16).float()
+    k.requires_grad = True
+    z = torch.zeros(4, device="{device}", requires_grad=True)
+    out = (q @ k.T / 0.1 + z).sum()
+    cpu = torch.ones(2).requires_grad_()
+print(out.dtype, cpu.requires_grad)
+'''
+
+
+@pytest.mark.parametrize("device", sorted(policy._unbuilt_device_types()))
+def test_autograd_on_a_fake_device_the_build_lacks_does_not_end_the_process(device):
+    """A learner's ``requires_grad_()`` on a simulated MPS or XPU tensor made C++ terminate the
+    process (a notebook's kernel died) where this build has no such device: inside
+    ``fake_tensors`` those tensors are detached for every op; CPU tensors keep their autograd.
+    Run in a child process, so that a regression fails this test instead of killing the run."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", ABORTING_ANSWER.format(device=device)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-800:]
+    assert done.stdout.split() == ["torch.float32", "True"]

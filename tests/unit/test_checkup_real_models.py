@@ -74,6 +74,8 @@ def test_a_hugging_face_model_is_checked_on_its_own_loss(kind):
     assert report.losses["fp32"][0] == pytest.approx(expected, rel=1e-5)
     mine = rel_diff(model, lambda m: m(**batch).logits)
     assert mine < 0.05 and report.verdict == "agree" and report.flagged == []
+    # the outputs compared are the logits, not the loss the output also carries
+    assert report.output_rel_diff == pytest.approx(mine, rel=0.05)
 
 
 def adamw_losses(model, initial, batch, dtype=None, steps=OPTIONS["steps"]):

@@ -52,6 +52,13 @@ def under_autocast(q, k, t):
     return F.cross_entropy(q @ k.T / t, targets(q))
 
 
+def inputs_made_new_leaves(q, k, t):  # a blind learner's answer: on simulated MPS and XPU
+    with torch.autocast(q.device.type, enabled=False):  # tensors it ended the process
+        q = q.detach().float().requires_grad_()
+        k = k.detach().float().requires_grad_()
+        return F.cross_entropy(q @ k.T / t, targets(q))
+
+
 def under_autocast_by_hand(q, k, t):  # the 16-bit logsumexp hands back a 16-bit loss too
     logits = q @ k.T / t
     return (logits.logsumexp(dim=1) - logits.diagonal()).mean()
@@ -195,6 +202,8 @@ MISTAKES = [
     ("float64 result", float64_result, exercise.RESULT_DTYPE, False),
     ("result detached", detached, exercise.GRAPH_BROKEN, False),
     ("keys detached", keys_detached, exercise.GRAPH_BROKEN, False),
+    ("inputs detached, made leaves that require grad", inputs_made_new_leaves,
+     exercise.GRAPH_BROKEN, False),
     (".item()", item, exercise.RETURNED_NUMBER, False),
     ("sum, not mean", summed, exercise.WRONG_REDUCTION, False),
     ("one loss per pair", per_pair, exercise.WRONG_REDUCTION, False),
