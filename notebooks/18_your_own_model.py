@@ -195,7 +195,8 @@ stem = next(r for r in hazard.ranges if r.module == "stem.0")
 assert stem.grad_below_smallest > 0.5  # most of stem.0's output gradients: zero unscaled
 assert any("self.stem[0](h.float())" in line for line in advice["line"])
 assert any("GradScaler" in line for line in advice["line"])
-print(advice.to_string(index=False))
+for line, why in zip(advice["line"], advice["why"], strict=True):
+    print(f"{line}\n    # {why}\n")  # the line to write, then the finding it answers
 
 # %% [markdown]
 # ## 4. Following the advice

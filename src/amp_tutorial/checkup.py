@@ -378,7 +378,7 @@ class Checkup:
     peak_bytes: dict[str, int | None]
     saved_activation_bytes: dict[str, int]
     ceiling: dict[str, object]
-    ceiling_ratio: float | None
+    ceiling_ratio: float | None  # None where the matmul ratio bounds nothing (ceiling_why)
     # ops inside the forward that overflowed under autocast (not in fp32), first first
     op_overflows: list[OpOverflow] = field(default_factory=list)
     init_scale: float | None = INIT_SCALE  # the GradScaler's first scale (fp16)
@@ -388,6 +388,8 @@ class Checkup:
     # the fp32 output from the initial weights is all zeros (a zero-initialised head, as
     # torchvision's ViT has): the outputs then say nothing, the loss curves judge alone
     outputs_all_zero: bool = False
+    # why the AMP dtype's matmul ratio is no ceiling here (emulated, or noise), or None
+    ceiling_why: str | None = None
 
     @property
     def loss_tolerance(self) -> float:
@@ -515,6 +517,9 @@ class Checkup:
             {"finding": f"ops that overflowed in {self.amp_dtype}", "value": "; ".join(
                 map(str, self.op_overflows)) or "none", "why": "inf/NaN out of finite inputs "
              "inside the forward under autocast, where fp32 made none"},
+            {"finding": "matmul ceiling", "value": f"{self.ceiling_ratio:.2f}x" if
+             self.ceiling_ratio else "none", "why": self.ceiling_why or
+             f"the most a matmul-bound step gains from {self.amp_dtype} here"},
             {"finding": "agreement with fp32", "value": self.verdict.split(":")[0],
              "why": self.verdict.split(": ", 1)[-1] if ":" in self.verdict else
              ("outputs all zero from the initial weights (a zero-initialised head), not "
@@ -1277,7 +1282,10 @@ def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
         timing_iqr_ms={"fp32": timer32.timing.iqr * 1e3, "amp": timer_amp.timing.iqr * 1e3},
         peak_bytes={"fp32": peak32, "amp": peak_amp}, saved_activation_bytes=saved,
         ceiling=ceiling.as_dict(),
-        ceiling_ratio=ceiling.best_ratio(name) if name in ceiling.low_dtypes else None,
+        # the bench's rule: no ceiling where the dtype is emulated or the timings were noise
+        ceiling_ratio=ceiling.ceiling(name) if name in ceiling.low_dtypes else None,
+        ceiling_why=(ceiling.why_no_ceiling(name) if name in ceiling.low_dtypes
+                     else f"{name} matmuls were not measured here"),
         op_overflows=op_overflows, init_scale=init_scale if dtype == torch.float16 else None,
         fp32_spread=spread, outputs_all_zero=not bool(ref.any()))
     # a run that compared too few applied AMP updates (the scaler skipped the others) is not

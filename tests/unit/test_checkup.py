@@ -929,3 +929,17 @@ def test_an_output_past_fp16_is_kept_in_fp32_by_one_line_for_its_module():
     lines = [a.line for a in report.advice if "enabled=False" in a.line]
     assert len(lines) == 1 and "self.head(h.float())" in lines[0]
     assert not any("None" in a.line for a in report.advice)
+
+
+def test_no_matmul_ceiling_is_stated_where_the_dtype_is_emulated():
+    """The bench's rule: an emulated dtype's matmul ratio bounds nothing (a model's other ops
+    take other slow paths), so the payoff table states no ceiling and the summary says why."""
+    emulated = Ceiling(CEILING.rates, emulated=("bf16",))
+    model, batch, loss_fn = make_clean()
+    report = amp_checkup(model, batch, loss_fn, dtype=torch.bfloat16,
+                         **{**OPTIONS, "ceiling": emulated})
+    assert [r["matmul ceiling (t_fp32 / t)"] for r in report.payoff_rows()] == [None, None]
+    row = next(r for r in report.summary_rows() if r["finding"] == "matmul ceiling")
+    assert row["value"] == "none" and "bf16 is emulated on this device" in row["why"]
+    plain = amp_checkup(model, batch, loss_fn, dtype=torch.bfloat16, **OPTIONS)
+    assert plain.payoff_rows()[1]["matmul ceiling (t_fp32 / t)"] == 2.0
