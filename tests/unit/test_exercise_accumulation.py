@@ -214,7 +214,40 @@ MISTAKES = [
      training_spy.BACKWARD_IN_AUTOCAST, False),
     *spy_mistakes(SOLUTION, "train_accumulated", 12),
 ]
+
+
+def unscaled_then_direct_step(model, optimizer, scaler, micro_batches, loss_fn,
+                              accumulation_steps, device_type, amp_dtype, max_grad_norm=None):
+    """Blind answer W13: scaler.unscale_(optimizer), then optimizer.step() directly."""
+    batches = list(micro_batches)
+    losses = []
+    for start in range(0, len(batches), accumulation_steps):
+        group = batches[start:start + accumulation_steps]
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for inputs, targets in group:
+            with torch.autocast(device_type, dtype=amp_dtype):
+                loss = loss_fn(model(inputs), targets) / len(group)
+            scaler.scale(loss).backward()
+            total += loss.item()
+        scaler.unscale_(optimizer)
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+        scaler.update()
+        losses.append(total)
+    return losses
+
+
+MISTAKES += [("unscale_, then optimizer.step() directly (blind W13)", unscaled_then_direct_step,
+              exercise.OPTIMIZER_STEP_DIRECT)]
 WRONG = answers(MISTAKES)
+
+
+def test_a_direct_step_after_unscale_is_told_apart() -> None:
+    message = str(check_train_accumulated(unscaled_then_direct_step))
+    assert "after scaler.unscale_(optimizer)" in message
+    assert "AssertionError" not in message and "still multiplied" not in message
 
 
 def test_torch_raises_what_the_messages_quote() -> None:

@@ -220,7 +220,59 @@ MISTAKES = [
      json_scaler_pair(keep=("scale", "growth_factor", "backoff_factor", "growth_interval")),
      exercise.SCALE_ONLY),
 ]
+
+
+def save_fresh_scaler(path, model, optimizer, scaler, step):
+    """Blind answer W13: a freshly built GradScaler's state saved instead of the run's."""
+    clean = torch.amp.GradScaler("cpu", enabled=scaler.is_enabled())
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scaler": clean.state_dict(), "step": step}, path)
+
+
+def load_optimizer_under_another_key(path, model, optimizer, scaler):
+    """Blind answer W11: load looks for "optim", save wrote "optimizer": nothing loaded."""
+    checkpoint = torch.load(path, weights_only=True)
+    model.load_state_dict(checkpoint["model"])
+    if "optim" in checkpoint:
+        optimizer.load_state_dict(checkpoint["optim"])
+    scaler.load_state_dict(checkpoint["scaler"])
+    return checkpoint["step"]
+
+
+MISTAKES += [
+    ("a fresh GradScaler's state saved, not the run's (blind W13)",
+     (save_fresh_scaler, reference["load"]), exercise.OTHER_SCALER_SAVED),
+    ("load reads the optimizer under a key save did not write (blind W11)",
+     (reference["save"], load_optimizer_under_another_key), exercise.NOT_LOADED),
+]
 WRONG = answers(MISTAKES)
+
+
+def test_a_fresh_scalers_state_is_blamed_on_save_not_load() -> None:
+    message = str(check_save_and_load(save_fresh_scaler, reference["load"]))
+    assert "that save wrote is not the run's" in message
+    assert "growth count 0" in message and "rebound" not in message
+
+
+def test_an_optimizer_never_loaded_is_called_still_fresh() -> None:
+    message = str(check_save_and_load(reference["save"], load_optimizer_under_another_key))
+    assert "still had a fresh optimizer's state" in message
+    assert "rebound" not in message
+
+
+def test_no_temporary_path_in_a_message() -> None:
+    def save_into(path, model, optimizer, scaler, step):  # blind B2: path used as a folder
+        torch.save({"model": model.state_dict()}, path / "ckpt.pt")
+
+    def load_from_memory(path, model, optimizer, scaler):  # blind W05
+        return {}[str(path)]
+
+    for pair in ((save_into, reference["load"]), (reference["save"], load_from_memory),
+                 (lambda *args: None, load_from_memory)):
+        message = str(check_save_and_load(*pair))
+        assert "amp_checkpoint" not in message and "/tmp" not in message, message
+    assert "`path` is the checkpoint file itself" in str(
+        check_save_and_load(save_into, reference["load"]))
 
 
 def test_a_step_before_the_save_is_skipped() -> None:

@@ -189,7 +189,45 @@ MISTAKES = [
     ("update(new_scale) keeps the scale", amp_step(update="pinned"),
      exercise.OVERFLOW_NOT_HANDLED, False),
 ]
+
+
+def update_before_step(model, optimizer, scaler, inputs, targets, loss_fn, max_norm):
+    """Blind answer W10: scaler.update() before scaler.step(optimizer)."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(inputs.device.type, dtype=torch.float16):
+        loss = loss_fn(model(inputs), targets)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.update()
+    scaler.step(optimizer)
+    return loss.item()
+
+
+MISTAKES += [("scaler.update() before scaler.step() (blind W10)", update_before_step,
+              exercise.UPDATE_BEFORE_STEP, True)]
 WRONG = answers(MISTAKES)
+
+
+def test_update_before_step_explains_torchs_error() -> None:
+    message = str(check_fp16_step(update_before_step))
+    assert "scaler.update() ran before scaler.step(optimizer)" in message
+    assert "unscale_() is being called after step()" in message
+
+
+def test_a_spent_budget_is_reported_as_the_checks_time(monkeypatch) -> None:
+    """Blind answer B3: the limit that stopped the last call was the rest of the check's budget,
+    not the per-call limit; the message says the budget, not '2 seconds'."""
+    def slow(*args):
+        import time
+        end = time.perf_counter() + 0.3
+        while time.perf_counter() < end:
+            pass
+        return reference_solution(*args)
+
+    monkeypatch.setattr(checking, "CHECK_BUDGET_S", 1.0)
+    message = str(check_fp16_step(slow))
+    assert f"used up the {checking.CHECK_BUDGET_S:g} seconds" in message, message
 
 
 def test_report_is_plain_words() -> None:

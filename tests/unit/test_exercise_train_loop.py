@@ -229,6 +229,11 @@ MISTAKES = [
      exercise.BAD_HISTORY, False),
     ("last batch, not mean",
      amp_loop(history=lambda losses, scaled, n: [x.item() for x in losses[n - 1::n]]),
+     exercise.LAST_BATCH_LOSS, False),
+    ("each epoch's mean without its first batch",
+     amp_loop(history=lambda losses, scaled, n: [
+         sum(x.item() for x in losses[start + 1:start + n]) / (n - 1)
+         for start in range(0, len(losses), n)]),
      exercise.HISTORY_NOT_LIKE_RIGHT_RUN, False),
 ]
 MISTAKES.append(("one GradScaler for every call (a module-level global)",
@@ -238,7 +243,37 @@ MISTAKES.append(("one GradScaler for every call (a module-level global)",
                          ("    scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == "
                           "torch.float16)\n", "")),
                  exercise.SCALER_SHARED, False))
+
+
+def last_batch_loss(model, data, optimizer, loss_fn, epochs, device_type, amp_dtype,
+                    max_grad_norm=None):
+    """Blind answer W09: each epoch's entry is its last batch's loss, not the mean."""
+    scaler = torch.amp.GradScaler(device_type, enabled=amp_dtype == torch.float16)
+    history = []
+    for _ in range(epochs):
+        for inputs, targets in data:
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device_type=device_type, dtype=amp_dtype):
+                loss = loss_fn(model(inputs), targets)
+            scaler.scale(loss).backward()
+            if max_grad_norm is not None:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            scaler.step(optimizer)
+            scaler.update()
+        history.append(loss.item())
+    return history
+
+
+MISTAKES.append(("the last batch's loss per epoch, not the mean (blind W09)", last_batch_loss,
+                 exercise.LAST_BATCH_LOSS))
 WRONG = answers(MISTAKES)
+
+
+def test_a_last_batch_history_is_named_as_such() -> None:
+    message = str(check_train_with_amp(last_batch_loss))
+    assert "its last batch's loss, not the mean over its batches" in message
+    assert "inside autocast" not in message
 
 
 def test_report_is_plain_words() -> None:

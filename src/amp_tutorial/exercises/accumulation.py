@@ -205,7 +205,7 @@ class AccumulationSpy(TrainingSpy):
             ["stepped_mid_group", "graphs_held", "update_without_step", "step_without_update",
              "zeroed_mid_group", "group_not_zeroed", "unscaled_mid_group", "other_scaler",
              "step_direct", "stepped_twice_in_group", "clipped_before_unscale",
-             "clipped_without_unscale"], 0))
+             "clipped_without_unscale", "step_direct_unscaled"], 0))
         self.forwards = self.backwards = 0  # since the last step: this group so far
         self.done = 0  # micro-batches behind the steps so far
         self.sizes: list[int] = []  # micro-batches per step, as the learner grouped them
@@ -271,6 +271,7 @@ class AccumulationSpy(TrainingSpy):
             return False
         if call == "optimizer.step()" and self.given_scaler.is_enabled():
             self.count["step_direct"] += 1  # the scaler's unscaling and skipping bypassed
+            self.count["step_direct_unscaled"] += self.unscaled  # unscale_ ran first
             self.direct_since_update = True
         self.last_call = call
         self.count["stepped_mid_group"] += self.forwards < self.group_size()
@@ -477,12 +478,25 @@ RULES = [
 ]
 
 
+# optimizer.step() called directly after scaler.unscale_(optimizer): the gradients were unscaled,
+# and update() finds the inf checks unscale_ recorded, so nothing raises.
+STEP_DIRECT_UNSCALED = (
+    "optimizer.step() was called directly at the end of a group, after "
+    "scaler.unscale_(optimizer), instead of scaler.step(optimizer) ({n}).",
+    "The gradients were unscaled, but a direct step is taken whatever they hold: when a "
+    "group's gradients overflow (inf/NaN), the step scaler.step would skip is applied, and "
+    "inf/NaN go into the weights (scaler.update() still backs the scale off, since unscale_ "
+    "recorded the overflow, but the weights are already lost).")
+
+
 def _process_problems(spy: AccumulationSpy, run: Attempt) -> list[Problem]:
     """Mistakes in the order of the calls, from what the spy counted."""
     c, k, n, found = spy.count, spy.scenario.k, spy.scenario.n_micro, []
     expected = group_sizes(n, k)
     sizes = f"{spy.sizes} micro-batches per step where the contract asks for {expected}"
     for count, key, what, why, fix in RULES:
+        if count == "step_direct" and c["step_direct_unscaled"]:
+            what, why = STEP_DIRECT_UNSCALED
         if c[count]:
             found.append(Problem.named(key, what.format(
                 n=times(c[count]), sizes=sizes, clipped=spy.clipped_to,

@@ -77,6 +77,7 @@ PARAM_GROUPS_LOST = "optimizer-param-groups-lost"
 BUFFERS_LOST = "model-buffers-lost"
 SCALER_NOT_SAVED = "scaler-not-saved"
 SCALE_ONLY = "scale-without-growth-tracker"
+OTHER_SCALER_SAVED = "another-scalers-state-saved"
 NOT_LOADED = "state-not-loaded-into-object"
 WEIGHTS_DOWNCAST = "weights-in-low-precision"
 WRONG_STEP = "wrong-step"
@@ -287,6 +288,7 @@ class Written:
     model: list[Mapping] = field(default_factory=list)  # model state dicts found
     optimizer: bool = False  # an optimizer state dict ("state" and "param_groups") was found
     scaler: bool = False  # a GradScaler state dict (with "_growth_tracker") was found
+    scalers: list[Mapping] = field(default_factory=list)  # the GradScaler state dicts found
 
 
 def _parts(value: object, depth: int = 0) -> Iterator[object]:
@@ -330,6 +332,7 @@ def _read_written(folder: Path, model_keys: set[str]) -> Written:
                 written.optimizer = True
             elif isinstance(part, Mapping) and {"scale", "_growth_tracker"} <= set(part):
                 written.scaler = True
+                written.scalers.append(part)
     return written
 
 
@@ -460,6 +463,17 @@ def _state_problems(saved: dict[str, Any], now: dict[str, Any], written: Written
                 "restore it with optimizer.load_state_dict(...)."))
     found += _scaler_problems(now["scaler"], saved["scaler"], written, not_loaded, outcome,
                               init_scale)
+    if not_loaded == ["optimizer"] and not now["optimizer"]["state"]:
+        found.append(Problem.named(
+            NOT_LOADED, "The checkpoint holds the optimizer state, but after load the "
+            "optimizer passed to load still had a fresh optimizer's state (no per-parameter "
+            "state at all): nothing was loaded into it.", "load skipped the optimizer: a "
+            "condition that was false or a key that save did not write (the keys load reads "
+            "must be the ones save wrote). The resumed run starts Adam's moments and step "
+            f"count (SGD's momentum) again from zero.{outcome}", "load the optimizer's state "
+            "dict, under the key save wrote it, into the optimizer you were given: "
+            "optimizer.load_state_dict(checkpoint['optimizer'])."))
+        not_loaded = []
     if not_loaded:
         names = ", ".join(not_loaded)
         found.append(Problem.named(
@@ -471,6 +485,19 @@ def _state_problems(saved: dict[str, Any], now: dict[str, Any], written: Written
             "model.load_state_dict(...), optimizer.load_state_dict(...), "
             "scaler.load_state_dict(...)."))
     return found
+
+
+def _number(value: object) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _same_scaler(part: Mapping, saved: Mapping) -> bool:
+    """A scaler state dict found in the files carries the saved run's scale and growth count."""
+    try:
+        return (float(part["scale"]) == float(saved["scale"])
+                and int(part["_growth_tracker"]) == int(saved["_growth_tracker"]))
+    except (KeyError, TypeError, ValueError):
+        return True  # not readable as numbers: leave it to the checks on the result
 
 
 def _scaler_problems(now: dict[str, Any], saved: dict[str, Any], written: Written,
@@ -496,6 +523,20 @@ def _scaler_problems(now: dict[str, Any], saved: dict[str, Any], written: Writte
             f"run that restarts the count grows the scale at other steps.{outcome}", "save "
             "scaler.state_dict() (scale, growth and backoff factors, growth interval, growth "
             "count) and restore it with scaler.load_state_dict(...).")]
+    if written.scalers and not any(_same_scaler(part, saved) for part in written.scalers):
+        part = written.scalers[0]
+        held = (f"scale {_number(part.get('scale'))} and growth count "
+                f"{_number(part.get('_growth_tracker'))}")
+        fresh = (" (a freshly built GradScaler's: its initial scale and a count of 0)"
+                 if part.get("_growth_tracker") == 0 else "")
+        return [Problem.named(
+            OTHER_SCALER_SAVED, f"The GradScaler state that save wrote is not the run's: the "
+            f"file holds {held}{fresh}, where the scaler passed to save had {had}.", "save "
+            "must store the state of the scaler it is given, the one the run trained with; the "
+            "state of another GradScaler (one built inside save, say) throws away the scale "
+            "the run has learned and its growth count, and load then restores that other "
+            f"state.{outcome}", "save scaler.state_dict() of the scaler passed to save, "
+            "and restore it with scaler.load_state_dict(...).")]
     if written.scaler:
         not_loaded.append("scaler")
         return []
@@ -537,7 +578,7 @@ def _problems(save: Callable[..., object], load: Callable[..., object], scenario
             saving = attempt(save, path, first.model, first.optimizer, first.scaler,
                              scenario.save_at)
         if saving.error is not None:
-            return [error_problem(saving, "save")], False
+            return [_without_paths(error_problem(saving, "save"), folder, note=True)], False
         at_path = path.is_file()
         written = _read_written(Path(folder), set(saved["model"]))
         for item in Path(folder).iterdir():  # load gets the files in another folder
@@ -568,19 +609,21 @@ def _problems(save: Callable[..., object], load: Callable[..., object], scenario
             "Reading it needs weights_only=False, which torch warns can run arbitrary code "
             "from the file, and the same classes' code as when it was saved.", "save state "
             "dicts and plain values only: {'model': model.state_dict(), 'optimizer': "
-            "optimizer.state_dict(), 'scaler': scaler.state_dict(), 'step': step} (a version "
-            "as str(torch.__version__)), and restore each with load_state_dict."))
+            "optimizer.state_dict(), 'scaler': scaler.state_dict(), 'step': step} (and "
+            "anything else as plain values: a torch version as a str, say), and restore each "
+            "with load_state_dict."))
     if loading.error is not None:
         if isinstance(loading.error, FileNotFoundError) and written.files:
-            found.append(Problem.named(
+            found.append(_without_paths(Problem.named(
                 LOAD_IGNORES_PATH, "load did not read the path it was given: the checkpoint "
                 "was moved to another folder and handed to load there, and load raised "
                 f"FileNotFoundError: {loading.error}", "A checkpoint is read back by another "
                 "process, often on another machine or from another folder: load can rely on "
                 "nothing but its path argument.", "torch.load(path), with the path load was "
-                "given, not one remembered from save."))
+                "given, not one remembered from save."), folder, moved))
         elif not (written.refused and isinstance(loading.error, pickle.UnpicklingError)):
-            found.append(error_problem(loading, "load", after_others=bool(found)))
+            found.append(_without_paths(error_problem(loading, "load", after_others=bool(found)),
+                                        moved))
         return found, False
     step = loading.value
     if wrong := type_problem(step, numbers.Integral, "load", "the step (an int)",
@@ -599,6 +642,19 @@ def _problems(save: Callable[..., object], load: Callable[..., object], scenario
     if not found and not ended.matches:
         found.append(_differs(resumed, ended))
     return found, ended.matches
+
+
+def _without_paths(problem: Problem, *folders: str, note: bool = False) -> Problem:
+    """The checker's temporary folders named as the learner knows them: a file in one as
+    ``path``, the folder itself as "path's folder"."""
+    message = problem.message
+    for folder in folders:
+        message = re.sub(re.escape(str(Path(folder))) + r"[/\\][^\s'\"]*", "`path`", message)
+        message = message.replace(str(Path(folder)), "path's folder")
+    if note and message != problem.message and "director" in message:
+        message += (" (`path` is the checkpoint file itself, in a folder that exists: write the "
+                    "file at `path`, not inside it as a folder.)")
+    return Problem(problem.key, message)
 
 
 def _differs(resumed: Run, ended: Resumed) -> Problem:
@@ -625,4 +681,4 @@ def _differs(resumed: Run, ended: Resumed) -> Problem:
 # these rejects the answer (the state reached by another route, or kept in other files, is right).
 RESULT_KEYS = frozenset({
     MODEL_NOT_SAVED, OPTIMIZER_NOT_SAVED, PARAM_GROUPS_LOST, BUFFERS_LOST, SCALER_NOT_SAVED,
-    SCALE_ONLY, NOT_LOADED, WEIGHTS_DOWNCAST, WRONG_STEP, RESUME_DIFFERS})
+    SCALE_ONLY, OTHER_SCALER_SAVED, NOT_LOADED, WEIGHTS_DOWNCAST, WRONG_STEP, RESUME_DIFFERS})

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from amp_tutorial.exercises import checking
 from amp_tutorial.exercises.checking import (
     Attempt,
     CheckResult,
@@ -83,6 +84,7 @@ SHORT = range(8, 33, 8)  # the one short batch per scenario
 CLIP_WITHOUT_UNSCALE = "clip-without-unscale"
 UNSCALED_TWICE = "unscaled-twice"
 OTHER_SCALER = "other-scaler"
+UPDATE_BEFORE_STEP = "update-before-step"
 RETURNED_SCALED_LOSS = "returned-scaled-loss"
 LOSS_NOT_LIKE_FP32 = "loss-not-like-fp32"
 PARAMS_NOT_LIKE_FP32 = "params-not-like-fp32"
@@ -225,11 +227,19 @@ class _StepSpy(TrainingSpy):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.count.update(unscaled_twice=0, modified_before_step_unscaled=0)
+        self.count.update(unscaled_twice=0, modified_before_step_unscaled=0,
+                          update_before_step=0)
         self.own_unscales = 0
 
     def new_call(self) -> None:
         self.own_unscales = 0
+
+    def close_iteration(self, complete: bool) -> None:
+        calls = self.iteration.calls
+        if ("scaler.update()" in calls and "scaler.step(optimizer)" in calls
+                and calls.index("scaler.update()") < calls.index("scaler.step(optimizer)")):
+            self.count["update_before_step"] += 1
+        super().close_iteration(complete)
 
     def unscale_(self, original: Callable, scaler: torch.amp.GradScaler, optimizer):
         if scaler.is_enabled() and not self.in_scaler_step:  # the learner's call, not step()'s
@@ -377,6 +387,16 @@ def _step_problems(outcome: _Outcome, scenario: Scenario) -> list[Problem]:
             "resets the scaler for the next step; without it the next step's unscale_ raises "
             "(\"unscale_() is being called after step().\").",
             "call scaler.update() once after every scaler.step(optimizer)."))
+    if c["update_before_step"]:
+        found.append(Problem.named(UPDATE_BEFORE_STEP,
+            "scaler.update() ran before scaler.step(optimizer) in the same step.",
+            "update() reads what step() found (inf/NaN in the gradients) to set the next scale, "
+            "and resets the scaler for the next step; run before step(), it resets too early, "
+            "and the step() after it leaves the scaler marked as stepped, so the next call's "
+            "unscale_ raises \"unscale_() is being called after step()\" (torch's way of "
+            "saying update() did not come after step()).",
+            "scaler.scale(loss).backward(), scaler.unscale_(optimizer), clip, "
+            "scaler.step(optimizer), then scaler.update(), in that order, as the lesson does."))
     if any(scaler is not outcome.scaler for scaler in spy.scalers):
         found.append(Problem.named(OTHER_SCALER,
             "The loss was scaled by a GradScaler other than the one passed in.",
@@ -520,7 +540,7 @@ def _scenario_problems(fn: StepFn, scenario: Scenario) -> tuple[list[Problem], b
                 "float32; math done in 16 bits anywhere else rounds the result.", "compute "
                 "the loss inside autocast with loss_fn(model(inputs), targets) (it runs in "
                 "float32 there) and change nothing else in the step."))
-    elif crashed := error_problem(error, "fp16_step", after_others=bool(problems)):
+    elif crashed := _error_problem(error, bool(problems)):
         problems.append(crashed)  # last: often GradScaler refusing a call order named above
     return problems, difference <= REFERENCE_RTOL
 
@@ -530,3 +550,19 @@ def _scenario_problems(fn: StepFn, scenario: Scenario) -> tuple[list[Problem], b
 RESULT_KEYS = frozenset({
     LOSS_NOT_LIKE_FP32, PARAMS_NOT_LIKE_FP32, OVERFLOW_NOT_HANDLED, NOT_LIKE_REFERENCE,
     RETURNED_SCALED_LOSS, CLIP_WITHOUT_UNSCALE, CLIP_BEFORE_UNSCALE, NOT_CLIPPED})
+
+
+def _error_problem(run: Attempt, after_others: bool) -> Problem | None:
+    """checking.error_problem, except for a call stopped because the check's shared budget
+    (CHECK_BUDGET_S for all calls together) ran out: error_problem reports the seconds of that
+    last call alone (what was left of the budget), not the time the check spent."""
+    if run.timed_out and run.seconds and run.seconds < checking.TIME_LIMIT_S - 0.5:
+        return Problem.named(
+            checking.TIMED_OUT, f"fp16_step used up the {checking.CHECK_BUDGET_S:g} seconds "
+            "this check gives all its calls together (one call per batch, in every scenario), "
+            f"so the checker stopped it: the last call was stopped after {run.seconds:.0f} s, "
+            "when the rest of that time ran out.", "A correct answer takes well under a second "
+            "per call here; a loop that never ends, or one far longer than it needs, is the "
+            "usual cause.", "make every loop run a fixed number of times, and do one step per "
+            "call.")
+    return error_problem(run, "fp16_step", after_others=after_others)

@@ -82,6 +82,7 @@ SCALER_NOT_CARRIED = "scaler-state-not-carried"
 SCALER_SHARED = "scaler-shared-across-calls"
 BAD_HISTORY = "bad-loss-history"
 HISTORY_NOT_LIKE_RIGHT_RUN = "history-not-like-right-run"
+LAST_BATCH_LOSS = "last-batch-loss-not-epoch-mean"
 __all__ = ["check_train_with_amp", "make_exercise_problem", "train_fp32"]
 PRAISE = ("All checks passed: autocast, GradScaler, clipping, zeroing and the loss history are "
           "right (float16 and bfloat16).")
@@ -202,18 +203,40 @@ def scaler_settings(spy: TrainingSpy) -> ScalerSettings | None:
             scaler._growth_interval)
 
 
-@functools.cache
 def _reference(scenario: Scenario, settings: ScalerSettings | None) -> tuple[float, ...]:
     """The history the reference answer returns on ``scenario``, its GradScaler made with the
     learner's ``settings``: a scaler that starts lower skips other steps, and that is no mistake."""
+    return _reference_run(scenario, settings)[0]
+
+
+def _last_batch_losses(scenario: Scenario, settings: ScalerSettings | None
+                       ) -> tuple[float, ...]:
+    """The reference run's loss of each epoch's last batch (a history of those is a mistake)."""
+    batches = _reference_run(scenario, settings)[1]
+    n = len(batches) // max(1, scenario.epochs)
+    return tuple(batches[(epoch + 1) * n - 1] for epoch in range(scenario.epochs))
+
+
+@functools.cache
+def _reference_run(scenario: Scenario, settings: ScalerSettings | None
+                   ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The reference answer's history and every batch's loss, in order."""
     model, data, optimizer = _problem(scenario)
+    batch_losses: list[float] = []
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = nn.functional.mse_loss(output, target)
+        batch_losses.append(loss.item())
+        return loss
+
     scaler = torch.amp.GradScaler
     made = scaler if settings is None else functools.partial(
         scaler, init_scale=settings[0], growth_factor=settings[1], backoff_factor=settings[2],
         growth_interval=settings[3])
     with mock.patch.object(torch.amp, "GradScaler", made):
-        return tuple(reference_answer(model, data, optimizer, nn.MSELoss(), scenario.epochs,
-                                      DEVICE_TYPE, scenario.amp_dtype, scenario.max_grad_norm))
+        history = tuple(reference_answer(model, data, optimizer, loss_fn, scenario.epochs,
+                                         DEVICE_TYPE, scenario.amp_dtype, scenario.max_grad_norm))
+    return history, tuple(batch_losses)
 
 
 def _run(fn: TrainFn, scenario: Scenario) -> tuple[TrainingSpy, Attempt, list[Problem]]:
@@ -342,7 +365,7 @@ def _process_problems(spy: TrainingSpy, scenario: Scenario, run: Attempt) -> lis
 
 
 def _history_problems(history: object, reference: Sequence[float], scenario: Scenario,
-                      other_problems: bool) -> list[Problem]:
+                      other_problems: bool, last_batch: Sequence[float] = ()) -> list[Problem]:
     """Mistakes in the returned loss history, judged against the reference answer's on the same
     scenario."""
     def bad(message: str) -> list[Problem]:
@@ -373,6 +396,18 @@ def _history_problems(history: object, reference: Sequence[float], scenario: Sce
     if math.isclose(ratio, scenario.n_batches, rel_tol=0.05):
         return bad("The losses are the per-epoch sum: divide by the number of batches "
                    "to get the mean loss per epoch.")
+    if last_batch and len(reference) > 0 and all(
+            math.isclose(v, r, rel_tol=REFERENCE_RTOL) for v, r in zip(values, last_batch,
+                                                                      strict=True)) and any(
+            not math.isclose(v, r, rel_tol=REFERENCE_RTOL)
+            for v, r in zip(values, reference, strict=True)):
+        pairs = ", ".join(f"{v:.6g} vs {r:.6g}" for v, r in zip(values, reference, strict=True))
+        return [Problem.named(
+            LAST_BATCH_LOSS, "Each epoch's entry in the loss history is its last batch's loss, "
+            f"not the mean over its batches (yours vs the epoch means: {pairs}).", "One "
+            "batch's loss is noisy and says little about the epoch: the history is meant to "
+            "show how the loss over the whole data went down.", "add loss.item() for every "
+            "batch to a total that starts at 0.0 each epoch, and append total / len(data).")]
     worst = max(abs(v - r) / r for v, r in zip(values, reference, strict=True))
     if worst > REFERENCE_RTOL and not other_problems:  # other mistakes explain it already
         pairs = ", ".join(f"{v:.6g} vs {r:.6g}" for v, r in zip(values, reference, strict=True))
@@ -432,5 +467,6 @@ def _scenario_problems(fn: TrainFn, scenario: Scenario,
     earlier.extend(spy.scalers)
     if run.error is None:
         reference = _reference(scenario, scaler_settings(spy))
-        problems += _history_problems(run.value, reference, scenario, bool(problems))
+        problems += _history_problems(run.value, reference, scenario, bool(problems),
+                                      _last_batch_losses(scenario, scaler_settings(spy)))
     return problems
