@@ -289,9 +289,10 @@ results.round(4)
 # rule: the sentence below is written from this run's numbers, in whichever direction they went,
 # with the cause where it is known, and only where they can be trusted: a timing whose quartile
 # range is more than a quarter of its median (a shared, busy machine) or the `smoke` preset (far
-# too small: overheads fill the step) gives no ratio, in the sentence or in the table (NaN). On
-# a CPU without native bf16, bf16 is slower than fp32 at every size; the device line at the top
-# says whether this CPU has it, and why bf16 is slow if not.
+# too small: overheads fill the step) gives no ratio, in the sentence or in the table (NaN); the
+# figure further down then draws its time bars pale, with the reason under them (its whiskers
+# show each timing's spread). On a CPU without native bf16, bf16 is slower than fp32 at every
+# size; the device line at the top says whether this CPU has it, and why bf16 is slow if not.
 
 # %%
 for name, r in runs.items():
@@ -352,7 +353,11 @@ bars = {"time per step (ms)": results["time/step median (ms)"].to_dict(),
         "saved activations (MB)": results["saved activations (MB)"].to_dict()}
 if info.has_allocator_stats:
     bars["peak memory (MB)"] = results["peak memory (MB)"].to_dict()
-fig = plot_bars(bars, f"fp32 vs AMP training on {info.type} ({preset.name} preset)")
+noise = "; ".join(dict.fromkeys(c.noise for c in comparisons if c.noise)) or None  # the rule's
+fig = plot_bars(bars, f"fp32 vs AMP training on {info.type} ({preset.name} preset); "
+                "whiskers: ± half the IQR",
+                errors={"time per step (ms)": results["time/step IQR (ms)"].div(2).to_dict()},
+                noise={"time per step (ms)": noise})
 
 # %%
 fig = plot_losses({n: r["losses"] for n, r in runs.items()}, "Training loss, fp32 vs AMP")

@@ -162,11 +162,17 @@ print(f"AMP {saving} the activation bytes, and its predictions match fp32 to wit
       "(targets span 0 to 1).")
 
 # %%
+comparisons = [Comparison(name, baseline_name, r["timing"], base["timing"], preset.name)
+               for name, r in runs.items() if name != baseline_name]  # the course's one rule
 bars = {"time per forward (ms)": results["time/step median (ms)"].to_dict(),
         "layer outputs (MB)": results["layer outputs (MB)"].to_dict()}
 if info.has_allocator_stats:
     bars["peak memory (MB)"] = results["peak memory (MB)"].to_dict()
-fig = plot_bars(bars, f"fp32 vs AMP inference on {info.type} ({preset.name} preset)")
+noise = "; ".join(dict.fromkeys(c.noise for c in comparisons if c.noise)) or None
+fig = plot_bars(bars, f"fp32 vs AMP inference on {info.type} ({preset.name} preset); "
+                "whiskers: ± half the IQR",
+                errors={"time per forward (ms)": results["time/step IQR (ms)"].div(2).to_dict()},
+                noise={"time per forward (ms)": noise})
 
 # %%
 images = {"target": targets, **{name: r["prediction"] for name, r in runs.items()}}
@@ -190,11 +196,8 @@ fig = plot_outputs(images, "Predictions served in fp32 and under autocast")
 # saved is in the activations alive during the forward pass. This run measured:
 
 # %%
-for name, r in runs.items():
-    if name == baseline_name:
-        continue
-    c = Comparison(name, baseline_name, r["timing"], runs[baseline_name]["timing"], preset.name)
-    emulated = info.type == "cpu" and info.native_bf16 is False and "bf16" in name
+for c in comparisons:
+    emulated = info.type == "cpu" and info.native_bf16 is False and "bf16" in c.name
     cause = " (this CPU has no native bf16, see the device line)" if emulated else ""
     print(f"inference on {info.name}, preset {preset.name}: {c}"
           f"{cause if c.stated and c.ratio < 1 else ''}")

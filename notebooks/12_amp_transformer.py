@@ -220,11 +220,11 @@ for name, r in runs.items():
             assert r["peak"] < base["peak"], f"{name}: allocator peak not below fp32"
 if info.type == "cpu":
     print(f"native bf16 on this CPU: {info.native_bf16}", *info.notes, sep="\n  ")
-for name, r in runs.items():
-    if name != baseline:
-        print(f"On {info.name}, preset {preset.name}: "
-              f"{Comparison(name, baseline, r['timing'], base['timing'], preset.name)}; it saved "
-              f"{results.loc[name, 'activations vs fp32']:.2f} of fp32's activation bytes.")
+comparisons = [Comparison(name, baseline, r["timing"], base["timing"], preset.name)
+               for name, r in runs.items() if name != baseline]
+for c in comparisons:
+    print(f"On {info.name}, preset {preset.name}: {c}; it saved "
+          f"{results.loc[c.name, 'activations vs fp32']:.2f} of fp32's activation bytes.")
 
 # %%
 fig = plot_losses({n: r["losses"] for n, r in runs.items()},
@@ -236,7 +236,11 @@ bars = {"time per step (ms)": results["time/step median (ms)"].to_dict(),
         "saved activations (MB)": results["saved activations (MB)"].to_dict()}
 if info.has_allocator_stats:
     bars["peak memory (MB)"] = results["peak memory (MB)"].to_dict()
-fig = plot_bars(bars, f"Transformer training on {info.type}: fp32 vs AMP")
+noise = "; ".join(dict.fromkeys(c.noise for c in comparisons if c.noise)) or None  # the rule's
+fig = plot_bars(bars, f"Transformer training on {info.type}: fp32 vs AMP ({preset.name} preset); "
+                "whiskers: ± half the IQR",
+                errors={"time per step (ms)": results["time/step IQR (ms)"].div(2).to_dict()},
+                noise={"time per step (ms)": noise})
 
 # %% [markdown]
 # ## 2. Inside one block: which op ran in which dtype

@@ -38,15 +38,24 @@
 # is measured on this device and asserted; seeds are fixed.
 
 # %%
+import contextlib
+
 import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from amp_tutorial.attention import attention_cost, attention_ops, backend_runs, fused_for_training
+from amp_tutorial.attention import attention_ops, backend_runs, fused_for_training
 from amp_tutorial.autocast_policy import has_autocast_kernel, trace_dtypes
 from amp_tutorial.device import device_line, dtype_name, select_device
 from amp_tutorial.exercises.masked_attention import check_masked_attention
+from amp_tutorial.measure import (
+    Comparison,
+    peak_memory_bytes,
+    reset_peak_memory,
+    saved_activation_bytes,
+    time_steps,
+)
 from amp_tutorial.presets import get_preset
 
 info = select_device()
@@ -228,15 +237,51 @@ elif info.type == "cuda" and torch.version.hip is None:
 # **The cost of the fallback.** The math backend is attention written out: `q @ k.T`, scale,
 # mask, softmax, `@ v`. It materialises the (seq x seq) score matrix per head and saves it for
 # backward; the fused kernels do not. Measured at this preset's attention size, forward and
-# backward, the default kernel against math forced with `sdpa_kernel(SDPBackend.MATH)`
-# (`attention_cost` from `amp_tutorial.attention` times it and counts the saved bytes):
+# backward, the default kernel against math forced with `sdpa_kernel(SDPBackend.MATH)`: each
+# step is timed with the course's `time_steps` (median and quartiles of the timed steps, after
+# one untimed warm-up), and the bytes autograd saves are counted with `saved_activation_bytes`
+# (`amp_tutorial.attention.attention_cost` measures the same in one call, but keeps only the
+# median and IQR, and the time comparison below needs the steps themselves).
 
 # %%
-cost = pd.DataFrame({
-    f"{dtype_name(dt)} {name}": attention_cost(backend, qkv_shape, dt, info.device,
-                                               steps=max(3, sizes.steps // 4))
-    for dt in dtypes for name, backend in (("default", None), ("math", SDPBackend.MATH))}).T
+def attention_step(backend, dtype):
+    """A causal SDPA forward + backward on random inputs of ``qkv_shape`` (``step``), and the
+    forward alone (``attend``); backend None lets SDPA choose, else only ``backend`` may run."""
+    q, k, v = (torch.randn(qkv_shape, device=info.device, dtype=dtype, requires_grad=True)
+               for _ in range(3))
+
+    def attend():
+        with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def step(_):
+        attend().sum().backward()
+        q.grad = k.grad = v.grad = None
+
+    return step, attend
+
+
+timings, cost = {}, {}
+for dt in dtypes:
+    for name, backend in (("default", None), ("math", SDPBackend.MATH)):
+        run = f"{dtype_name(dt)} {name}"
+        step, attend = attention_step(backend, dt)
+        reset_peak_memory(info.device)
+        timings[run], _ = time_steps(step, max(3, sizes.steps // 4), info.device, warmup=1,
+                                     progress=False)
+        peak = peak_memory_bytes(info.device)
+        cost[run] = {"time fwd+bwd median (ms)": timings[run].median * 1e3,
+                     "IQR (ms)": timings[run].iqr * 1e3,
+                     "saved for backward (MB)": saved_activation_bytes(attend) / 2**20,
+                     "peak (MB)": peak / 2**20 if peak is not None else float("nan")}
+        print(f"{run}: {timings[run]}")
+cost = pd.DataFrame(cost).T
 cost.round(3)
+
+# %% [markdown]
+# Whether math is slower is read off the course's one timing rule (`Comparison`, as in lesson
+# 03): a ratio only where both timings' quartile range is at most a quarter of the median and the
+# preset is big enough to time; otherwise the line says why there is none here.
 
 # %%
 score_elements = sizes.batch * heads * sizes.seq_len**2  # one (seq x seq) matrix per head
@@ -244,9 +289,9 @@ for dt in dtypes:
     d = dtype_name(dt)
     default, math = cost.loc[f"{d} default"], cost.loc[f"{d} math"]
     saved_x = math["saved for backward (MB)"] / default["saved for backward (MB)"]
-    time_x = math["time fwd+bwd median (ms)"] / default["time fwd+bwd median (ms)"]
-    print(f"{d}: math keeps {saved_x:.2f}x the bytes of the default kernel and takes {time_x:.2f}x "
-          f"its time")
+    c = Comparison(f"{d} math", f"{d} default", timings[f"{d} math"], timings[f"{d} default"],
+                   preset.name)
+    print(f"{d}: math keeps {saved_x:.2f}x the bytes of the default kernel; {c}")
     element = torch.finfo(dt).bits // 8
     assert math["saved for backward (MB)"] * 2**20 >= score_elements * element  # the matrix
     default_fused = fused_for_training(qkv_shape, dt, info.device)  # False: the default is math

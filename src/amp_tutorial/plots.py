@@ -234,10 +234,14 @@ def _scale_label(label: str, log: bool) -> str:
 
 
 def plot_bars(values: Mapping[str, Mapping[str, float]], title: str,
-              errors: Mapping[str, Mapping[str, float]] | None = None) -> Figure:
+              errors: Mapping[str, Mapping[str, float]] | None = None,
+              noise: Mapping[str, str | None] | None = None) -> Figure:
     """One panel per metric (e.g. 'time per step (ms)'), one bar per run in its dtype's colour
-    (hatched where two runs share one), value printed on top; ``errors`` (same keys): a
-    whisker of that half-length on each bar, e.g. half the interquartile range.
+    (hatched where two runs share one), value printed on top; ``errors`` (same keys, a metric
+    may be left out): a whisker of that half-length on each bar, e.g. half the interquartile
+    range. ``noise``: metric -> why its bars give no ratio here (``measure.Comparison.noise``;
+    None: they do): that panel's bars drawn pale, and "no ratio from these bars: <why>" in red
+    under them.
     """
     metrics = list(values)
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.3), squeeze=False)
@@ -245,10 +249,13 @@ def plot_bars(values: Mapping[str, Mapping[str, float]], title: str,
         runs = values[metric]
         colours = [colour_for(run) for run in runs]
         hatches = ["", "//", "..", "xx"]
-        whiskers = [errors[metric][run] for run in runs] if errors else None
+        whiskers = ([errors[metric][run] for run in runs] if errors and metric in errors
+                    else None)
+        why = (noise or {}).get(metric)
         bars = ax.bar(range(len(runs)), list(runs.values()), color=colours, edgecolor="white",
                       hatch=[hatches[colours[:i].count(c) % 4] for i, c in enumerate(colours)],
-                      yerr=whiskers, capsize=3 if whiskers else 0, ecolor=MARKS["normal"])
+                      yerr=whiskers, capsize=3 if whiskers else 0, ecolor=MARKS["normal"],
+                      alpha=0.45 if why else None)
         ax.set_xticks(range(len(runs)),
                       [textwrap.fill(run, 9, break_long_words=False) for run in runs])
         for x, (value, bar) in enumerate(zip(runs.values(), bars, strict=True)):
@@ -256,6 +263,9 @@ def plot_bars(values: Mapping[str, Mapping[str, float]], title: str,
             ax.annotate(_plain(float(value)), (x, top), xytext=(0, 2), ha="center", va="bottom",
                         textcoords="offset points")
         ax.set(title=metric, ylabel=metric)
+        if why:  # under the run names, where the eye goes after the bars
+            ax.set_xlabel(textwrap.fill(f"no ratio from these bars: {why}", 48),
+                          color=MARKS["lost"], fontsize=8)
         ax.margins(y=0.15)
     fig.suptitle(title)
     fig.tight_layout()

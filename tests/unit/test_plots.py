@@ -291,6 +291,27 @@ def test_bars_one_panel_per_metric_coloured_by_dtype_hatched_where_colours_repea
     assert timed.texts[0].get_text() == "2" and timed.texts[0].xy[1] == pytest.approx(2.1)
 
 
+def test_bars_whisker_only_the_metrics_given_and_mark_the_noisy_panel():
+    why = "fp32's spread is 50% of its median, more than 25%: the machine was busy"
+    fig = plots.plot_bars({"time (ms)": {"fp32": 2.0, "AMP bf16": 1.0},
+                           "memory (MB)": {"fp32": 4.0, "AMP bf16": 2.0}}, "comparison",
+                          errors={"time (ms)": {"fp32": 0.5, "AMP bf16": 0.25}},
+                          noise={"time (ms)": why, "memory (MB)": None})
+    time, memory = fig.axes
+    assert [t.xy[1] for t in time.texts] == pytest.approx([2.5, 1.25])  # above the whiskers
+    assert [t.xy[1] for t in memory.texts] == pytest.approx([4.0, 2.0])  # no whiskers there
+    whiskered = [any(type(c).__name__ == "ErrorbarContainer" for c in ax.containers)
+                 for ax in (time, memory)]
+    assert whiskered == [True, False]
+    note = time.get_xlabel().replace("\n", " ")
+    assert note == f"no ratio from these bars: {why}"
+    assert to_rgb(time.xaxis.label.get_color()) == to_rgb(MARKS["lost"])
+    assert all(p.get_alpha() < 1 for p in time.patches)  # pale: not a result
+    assert memory.get_xlabel() == "" and all(p.get_alpha() is None for p in memory.patches)
+    quiet = plots.plot_bars({"time (ms)": {"fp32": 2.0}}, "b", noise={"time (ms)": None})
+    assert quiet.axes[0].get_xlabel() == ""
+
+
 def test_op_times_short_names_coloured_by_the_narrowest_input_and_bars_use_the_width():
     fig = plots.plot_op_times(ROWS, "Ops of one step")
     ax = fig.axes[0]
