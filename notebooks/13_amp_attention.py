@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     learner_minutes: 50
+#     learner_minutes: 55
 #     memory:
 #       cpu: 40
 #       paper: 1009

@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     learner_minutes: 45
+#     learner_minutes: 50
 #     memory:
 #       cpu: 323
 #       paper: 3517
