@@ -320,9 +320,8 @@ load_checkpoint(checkpoint, no_data_state["model"], no_data_state["optimizer"],
 other_batches = train_steps(no_data_state, 2 * HALF - extra["step"])
 assert not same_parameters(no_data_state["model"], uninterrupted["model"])
 assert after_resume == straight[HALF:] != other_batches  # equal bit for bit; not without data
-fig = plot_resume(straight, {"resumed from the checkpoint": after_resume,
-                             "resumed without the data state": other_batches}, HALF, amp_dtype,
-                  ylabel="MSE loss")  # loss_fn is nn.MSELoss()
+runs = {"resumed from the checkpoint": after_resume, "resumed, no data state": other_batches}
+fig = plot_resume(straight, runs, HALF, amp_dtype, ylabel="MSE loss")  # loss_fn: nn.MSELoss()
 
 # %% [markdown]
 # ### Exercise: write `save` and `load`

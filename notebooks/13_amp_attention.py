@@ -60,8 +60,7 @@ from amp_tutorial.presets import get_preset
 
 info = select_device()
 preset = get_preset(device_type=info.type)
-sizes = preset.transformer
-torch.manual_seed(0)  # every run starts from the same numbers
+sizes, _ = preset.transformer, torch.manual_seed(0)  # every run starts from the same numbers
 print(device_line(info, preset, sizes=f"transformer d_model {sizes.d_model}, {sizes.n_heads} "
                                     f"heads, batch {sizes.batch} x {sizes.seq_len} tokens"))
 
@@ -261,6 +260,7 @@ def attention_step(backend, dtype):
     return step, attend
 
 
+# %%
 timings, cost = {}, {}
 for dt in dtypes:
     for name, backend in (("default", None), ("math", SDPBackend.MATH)):
