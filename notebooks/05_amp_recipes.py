@@ -373,14 +373,13 @@ amp_run["data"].set_state(extra["data_rng"])
 assert amp_run["scaler"].get_scale() == 2.0**10  # nothing to restore: initial scale
 assert same_parameters(amp_run["model"], fp32_run["model"])
 amp_losses = train_steps(amp_run, HALF, use_amp=True)
-save_checkpoint(work_dir / "amp_from_fp32.pt", amp_run["model"], amp_run["optimizer"],
-                amp_run["scaler"], step=2 * HALF)
+mixed = save_checkpoint(work_dir / "amp_from_fp32.pt", amp_run["model"], amp_run["optimizer"],
+                        amp_run["scaler"], step=2 * HALF)
 
 # %%
 back_to_fp32 = start_run(seed=7)
 back_to_fp32["scaler"] = torch.amp.GradScaler(info.type, enabled=False)
-load_checkpoint(work_dir / "amp_from_fp32.pt", back_to_fp32["model"], back_to_fp32["optimizer"],
-                back_to_fp32["scaler"])
+load_checkpoint(mixed, back_to_fp32["model"], back_to_fp32["optimizer"], back_to_fp32["scaler"])
 assert same_parameters(back_to_fp32["model"], amp_run["model"])
 print(f"fp32 steps: loss {fp32_losses[0]:.4f} -> {fp32_losses[-1]:.4f}; "
       f"resumed with AMP: {amp_losses[0]:.4f} -> {amp_losses[-1]:.4f}")

@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     learner_minutes: 25
+#     learner_minutes: 30
 #     memory:
 #       cpu: 571
 #       paper: 7004
@@ -31,8 +31,9 @@
 # what does AMP gain here?* One call, `amp_checkup(model, (inputs, targets), loss_fn)`, runs your
 # own training step a few times in fp32 and under autocast from the same weights (your model is
 # left as it was) and reports each of those as a table. You run it on the course's two models,
-# then on a model with a real fp16 hazard, which it finds, and whose fix it checks. Nothing of
-# your model leaves your machine: the check-up sends nothing to the class's progress service.
+# on a model with a real fp16 hazard, which it finds, and whose fix it checks, and on PyTorch's
+# own transformer encoder, as it comes. Nothing of your model leaves your machine: the check-up
+# sends nothing to the class's progress service.
 #
 # **Prerequisites:** lessons 01 (autocast's lists), 02 (GradScaler, fp16's range), 07 (fp32
 # regions and `custom_fwd`), 08 (finding the module that overflowed) and 17 (which ops ran in
@@ -231,7 +232,37 @@ fig = plot_broken_and_fixed(hazard.losses, fixed.losses, ylabel="MSE loss",
                             fixed_note="stem.0 in fp32, the rest fp16")
 
 # %% [markdown]
-# ## 5. What cannot be checked gets one plain line
+# ## 5. A model you did not write
+#
+# PyTorch's own `nn.TransformerEncoder` (two `nn.TransformerEncoderLayer`s, each with an
+# `nn.MultiheadAttention`), checked as it comes: its batch is a dict of keyword arguments, one of
+# them a padding mask, and your loss is one line, `step(model, batch)`. Inside the attention, the
+# mask becomes `-inf` scores: fp32 has them too, so the check-up does not blame autocast for them.
+# What it shows is where the time goes: the projections run in the low dtype, but on a CPU the
+# attention itself (`bmm`, softmax) runs in fp32, because training with dropout takes SDPA's math
+# path, which computes in fp32 unless `allow_fp16_bf16_reduction_math_sdp(True)` (lesson 13).
+
+# %%
+torch.manual_seed(0)
+layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, batch_first=True)
+encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).to(info.device)
+sequences = torch.randn(16, 32, 64, device=info.device)
+padding = (torch.arange(32, device=info.device) >= 28).expand(16, 32)  # last 4: padding
+wanted = torch.randn(16, 32, 64, device=info.device)
+encoder_report = amp_checkup(
+    encoder, {"src": sequences, "src_key_padding_mask": padding}, steps=STEPS, ceiling=ceiling,
+    step=lambda model, batch: nn.functional.mse_loss(model(**batch), wanted))  # your loss
+assert encoder_report.agrees and encoder_report.flagged == []
+assert encoder_report.first_nonfinite is None  # the mask's -inf is not an overflow
+attention = pd.DataFrame(encoder_report.op_rows()).set_index("module").loc["layers.0.self_attn"]
+assert linear_op in attention[f"ran in {encoder_report.amp_dtype}"]  # the projections
+if info.type == "cpu":  # SDPA's math path: the scores and softmax in fp32
+    assert not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+    assert "bmm" in attention["ran in fp32"] and "softmax" in attention["ran in fp32"]
+attention
+
+# %% [markdown]
+# ## 6. What cannot be checked gets one plain line
 #
 # The check-up takes the model and batch you train: a batch of tensors, tuples or a dict (its
 # keys become keyword arguments, as Hugging Face models take them), an output that is a tensor,

@@ -393,10 +393,13 @@ def ladder_figures(report: dict) -> dict[str, object]:
         figures["ladder"] = plot_utilization(
             [(label(r), r[key], r[key] * r["iqr_s"] / r["median_s"]) for r in ran], measure,
             title, MFU_GOAL if peak else None, missing=missing)
-    shares = {r["name"]: r["time_shares"] for r in report.get("ladder", [])
+    shares = {r["name"]: r["time_shares"] for r in rungs
               if r.get("time_shares")}  # every profiled rung, with a limit to read it by or not
-    if shares:
-        figures["time-shares"] = plot_time_shares(shares, f"Where the step's time goes, {device}")
+    if shares:  # a rung skipped or not profiled is named under the bars, with why
+        figures["time-shares"] = plot_time_shares(
+            shares, f"Where the step's time goes, {device}",
+            missing=[(r["name"], r.get("skipped") or "not profiled") for r in rungs
+                     if not r.get("time_shares")])
     curves: dict[str, dict[int, tuple[float, float]]] = {}
     for r in report.get("sweep", []):
         if r.get(key):

@@ -300,15 +300,20 @@ def _short_op(name: str, width: int = 30) -> str:
 
 def plot_op_times(rows: Sequence[Mapping[str, object]], title: str, top: int = 15) -> Figure:
     """Self time of the ``top`` ops of a profiled step, one bar per (op, input dtypes) labelled
-    with the op's short name and coloured by its narrowest input dtype (rows from
-    ``measure.op_dtype_rows``).
+    with the op's short name, and its input dtypes where that name labels more than one bar (three
+    ``aten::copy_`` bars read "aten::copy_ (bf16, fp32)", ...), coloured by its narrowest input
+    dtype (rows from ``measure.op_dtype_rows``).
     """
     shown = list(rows)[:top][::-1]
     keys = [_lowest_input_precision(str(r["input dtypes"])) for r in shown]
+    names = [_short_op(str(r["op"])) for r in shown]
+    repeated = {n for n, count in Counter(names).items() if count > 1}
+    labels = [f"{n} ({r['input dtypes']})" if n in repeated else n
+              for n, r in zip(names, shown, strict=True)]
     fig, ax = plt.subplots(figsize=(9, 0.34 * len(shown) + 1.6))
     ax.barh(range(len(shown)), [float(r["self time (us)"]) / 1e3 for r in shown],
             color=[PALETTE[k] for k in keys])
-    ax.set_yticks(range(len(shown)), [_short_op(str(r["op"])) for r in shown])
+    ax.set_yticks(range(len(shown)), labels)
     ax.set(title=textwrap.fill(title, 80), xlabel="self time in the step (ms)")
     present = [k for k in PALETTE if k in keys]
     ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=PALETTE[k]) for k in present],
@@ -368,7 +373,9 @@ def plot_scale_history(scales: Mapping[str, Sequence[float]] | Sequence[float], 
         values = np.log2(np.asarray(runs[name], dtype=float))
         steps = np.arange(-1, len(values) - 1)
         style = {k: v for k, v in style.items() if k not in ("marker", "ms", "mfc")}
-        ax.plot(steps, values, label=name, drawstyle="steps-post", **style)
+        # the last scale held for half a step, so a skipped last step's dot sits on a level
+        ax.plot([*steps, steps[-1] + 0.5], [*values, values[-1]], label=name,
+                drawstyle="steps-post", **style)
         drops = (list(skipped) if skipped is not None and len(runs) == 1
                  else list(values[1:] < values[:-1]))
         hits = [s for s, skip in enumerate(drops) if skip]
@@ -449,9 +456,15 @@ def _missing_note(missing: Sequence[tuple[str, str]], width: int = 110) -> str:
     return "\n".join(lines)
 
 
-def plot_time_shares(shares: Mapping[str, Mapping[str, float]], title: str) -> Figure:
-    """One stacked horizontal bar per rung: each group's share of the step, left to right."""
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(shares) + 2.0))
+def plot_time_shares(shares: Mapping[str, Mapping[str, float]], title: str,
+                     missing: Sequence[tuple[str, str]] = ()) -> Figure:
+    """One stacked horizontal bar per rung: each group's share of the step, left to right.
+    ``missing``: (rung, why) for each rung without a profile, listed under the legend by reason
+    (as ``plot_utilization`` lists its missing rungs)."""
+    note = _missing_note(missing)
+    note_lines = note.count("\n") + 1 if note else 0
+    height = 0.45 * len(shares) + 2.0 + 0.13 * note_lines
+    fig, ax = plt.subplots(figsize=(7, height))
     names = list(shares)[::-1]
     left = np.zeros(len(names))
     for group, colour in GROUP_COLOURS.items():
@@ -465,8 +478,12 @@ def plot_time_shares(shares: Mapping[str, Mapping[str, float]], title: str) -> F
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.set(title=title, xlabel="share of the step's time", xlim=(0, 1))
     ax.xaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
-    fig.legend(*ax.get_legend_handles_labels(), fontsize=7, ncols=5, loc="lower center")
-    fig.tight_layout(rect=(0, 0.1, 1, 1))  # the legend below the axis label, not over it
+    below = (0.13 * note_lines + 0.08) / height if note else 0.0  # the note, under the legend
+    if note:
+        fig.text(0.02, 0.02, note, fontsize=7.5, va="bottom", ha="left")
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=7, ncols=5, loc="lower center",
+               bbox_to_anchor=(0.5, below))
+    fig.tight_layout(rect=(0, below + 0.4 / height, 1, 1))  # legend below the axis label
     return fig
 
 

@@ -126,6 +126,15 @@ def test_the_figures_come_from_a_saved_report_and_name_each_rungs_peak():
                           "ladder": [dict(rung, mfu=None)], "sweep": []})
     assert set(cpu) == {"ladder", "time-shares"}  # measured against the matmul rate instead
     assert "matmul rate" in cpu["ladder"].axes[0].get_xlabel()
+    # a rung that was skipped has no profile: the time-share figure names it and says why
+    skipped = {"name": "AMP bf16 + CUDA graphs", "skipped": "CUDA graphs need a CUDA device"}
+    shares = ladder_figures({"peak": None, "device_name": "CPU", "ladder": [rung, skipped],
+                             "sweep": []})["time-shares"]
+    assert [t.get_text() for t in shares.axes[0].get_yticklabels()] == ["AMP bf16"]
+    note = " ".join(t.get_text() for t in shares.texts).replace("\n  ", " ")
+    assert "Not drawn:" in note and f"{skipped['name']}: {skipped['skipped']}" in note
+    drawn = ladder_figures({"peak": None, "device_name": "CPU", "ladder": [rung], "sweep": []})
+    assert not drawn["time-shares"].texts  # all profiled: no note
 
 
 def test_without_compiling_the_rungs_built_on_compile_run_eager(monkeypatch):

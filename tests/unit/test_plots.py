@@ -330,6 +330,18 @@ def test_op_times_short_names_coloured_by_the_narrowest_input_and_bars_use_the_w
     assert label.get_text() == "aten::addmm"
 
 
+def test_op_times_tell_bars_of_one_op_apart_by_their_input_dtypes():
+    """Three ``aten::copy_`` bars (lesson 17's casts) read as one op three times over unless each
+    says what it copied; an op that labels one bar keeps its short name."""
+    rows = [{"op": "aten::copy_", "input dtypes": dtypes, "self time (us)": t}
+            for dtypes, t in (("bf16, fp32", 3000.0), ("fp32, bf16", 2000.0), ("fp32, fp32", 900.0))]
+    rows.append({"op": "aten::mm", "input dtypes": "bf16, bf16", "self time (us)": 500.0})
+    ax = plots.plot_op_times(rows, "casts").axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()][::-1]
+    assert labels == ["aten::copy_ (bf16, fp32)", "aten::copy_ (fp32, bf16)",
+                      "aten::copy_ (fp32, fp32)", "aten::mm"]
+
+
 def test_gradient_magnitudes_shifts_by_the_scale_over_fp16s_bands():
     grads = torch.tensor([2.0**-30, 2.0**-20, 0.0, -(2.0**-10)])
     fig = plots.plot_gradient_magnitudes(grads, 2.0**16, "gradients")
@@ -358,12 +370,15 @@ def test_scale_history_plots_each_runs_scale_after_every_update_over_the_same_st
     ax = fig.axes[0]
     lines = {line.get_label(): line for line in ax.get_lines()}
     assert list(lines["healthy"].get_xdata()) == list(lines["collapsing"].get_xdata()) == [
-        -1, 0, 1, 2]  # the start, then after step 0, 1, 2
-    assert list(lines["healthy"].get_ydata()) == [16, 15, 15, 15]  # not shifted, not halved
-    assert list(lines["collapsing"].get_ydata()) == [16, 15, 14, 13]
+        -1, 0, 1, 2, 2.5]  # the start, then after step 0, 1, 2; the last level half a step
+    assert list(lines["healthy"].get_ydata()) == [16, 15, 15, 15, 15]  # not shifted, not halved
+    assert list(lines["collapsing"].get_ydata()) == [16, 15, 14, 13, 13]
     assert ax.get_xticklabels()[0].get_text() == "start" and ax.get_ylabel() == "scale (log2)"
     skipped = np.concatenate([c.get_offsets() for c in ax.collections]).tolist()
     assert sorted(skipped) == [[0, 15], [0, 15], [1, 14], [2, 13]]  # wherever a scale dropped
+    # the last skipped step's dot starts a drawn level, not the bare end of the line
+    (x_last, y_last) = lines["collapsing"].get_xydata()[-1]
+    assert x_last > 2 and y_last == 13
 
 
 def test_scale_history_of_one_run_marks_the_given_skips_and_step():
