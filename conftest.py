@@ -28,7 +28,7 @@ import pytest
 from amp_tutorial import versions
 from amp_tutorial.device import DTYPE_ENV
 from amp_tutorial.exercises import solutions
-from amp_tutorial.profiler_logs import KINETO_LOG_ENV, KINETO_LOG_OFF, kineto_log_lines
+from amp_tutorial.profiler_logs import KINETO_LOG_ENV, KINETO_LOG_OFF, log_noise_lines
 from course_tools import answers
 from course_tools.catalogue import is_lesson
 from tests.support import missing_tool, torch_envs
@@ -131,15 +131,17 @@ class JupytextNotebook(nbval.plugin.IPyNbFile):
 def pytest_runtest_call(item: pytest.Item):
     """A lesson's code cell passes nbval's checks and one more: no line of the profiler's C++
     logger (kineto) in its output, where Jupyter shows it as a red stderr box that reads as a
-    failure. amp_tutorial.profiler_logs keeps them out; the kernels inherit its setting, made when
-    this process imported amp_tutorial. A line written late shows in the next cell's output."""
+    failure, nor cpp_extension's CUDA_HOME notice. amp_tutorial.profiler_logs keeps them out; the
+    kernels inherit its kineto setting, made when this process imported amp_tutorial, and filter
+    the notice when the lesson imports amp_tutorial. A line written late shows in the next cell's
+    output."""
     result = yield
     if isinstance(item, nbval.plugin.IPyNbCell) and isinstance(item.parent, JupytextNotebook):
         streams = "".join(out.get("text", "") for out in item.test_outputs or ()
                           if out.get("output_type") == "stream")
-        if lines := kineto_log_lines(streams):
+        if lines := log_noise_lines(streams):
             item.raise_cell_error(
-                "the profiler's log lines reached the cell's output (the kernel's "
+                "log lines of torch's machinery reached the cell's output (the kernel's "
                 f"{KINETO_LOG_ENV} is {os.environ.get(KINETO_LOG_ENV)!r}; "
                 f"amp_tutorial.profiler_logs sets {KINETO_LOG_OFF!r})", "\n".join(lines))
     return result

@@ -12,8 +12,8 @@ One module per job:
 - ``plots``: the shared figures;
 - ``checkpoint``, ``nonfinite``: checkpoints with scaler state, inf/NaN hunting;
 - ``exercise``, ``quiz``: the exercise checker and the quiz;
-- ``profiler_logs``: keeps the profiler's C++ log lines out of a lesson's output (applied here, on
-  import, before any lesson starts a profiler).
+- ``profiler_logs``: keeps the profiler's C++ log lines (and cpp_extension's CUDA_HOME notice) out
+  of a lesson's output (applied here, on import, before any lesson starts a profiler).
 
 The course's own tools (the lab launcher, the handout, the lesson catalogue, swapping in answers)
 are the ``course_tools`` package; the programs people run (the benchmark, the DDP training
@@ -33,9 +33,10 @@ from amp_tutorial.measure import (
 )
 from amp_tutorial.models import ConvModel
 from amp_tutorial.presets import PRESETS, Preset, UnknownPresetError, get_preset
-from amp_tutorial.profiler_logs import quiet_kineto_logs
+from amp_tutorial.profiler_logs import quiet_cuda_home_notice, quiet_kineto_logs
 
 quiet_kineto_logs()  # kineto reads its log level once, when the process's first profiler starts
+quiet_cuda_home_notice()  # torch.compile's C++ backend would log it to stderr without a GPU
 
 __all__ = [
     "PRESETS",

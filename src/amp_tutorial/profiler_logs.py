@@ -25,10 +25,19 @@ What this hides is the profiler's account of itself, not of the learner's code: 
 ``TORCH_WARN`` and exceptions take other ways and still show. A value the learner sets (``0``
 shows everything) is kept. ``amp_tutorial`` applies it on import, before any lesson profiles; the
 lab launcher and the image set it for every kernel, lessons or not.
+
+One Python log line joins them: ``torch.utils.cpp_extension``, which ``torch.compile``'s C++
+backend imports, logs "No CUDA runtime is found, using CUDA_HOME='...'" at WARNING on import when
+a CUDA build of torch finds a CUDA toolkit (``CUDA_HOME``, an ``nvcc`` on the PATH, or
+``/usr/local/cuda``) but no GPU (``_find_cuda_home``; the same call and text in torch 2.9 to
+2.14). With logging not configured, Python's last-resort handler writes it to stderr: a red box
+in lesson 14 on a machine that has the toolkit and no GPU. ``quiet_cuda_home_notice`` filters that
+one message on that one logger; the logger's other records still pass.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 
@@ -57,3 +66,26 @@ def quiet_kineto_logs() -> None:
 def kineto_log_lines(text: str) -> list[str]:
     """The lines of ``text`` (a process's or a cell's stderr) that kineto's logger wrote."""
     return KINETO_LOG_LINE.findall(text)
+
+
+CUDA_HOME_LOGGER = "torch.utils.cpp_extension"
+CUDA_HOME_NOTICE = "No CUDA runtime is found, using CUDA_HOME='%s'"  # its format, unformatted
+
+
+def _not_the_cuda_home_notice(record: logging.LogRecord) -> bool:
+    return record.msg != CUDA_HOME_NOTICE
+
+
+def quiet_cuda_home_notice() -> None:
+    """Drop cpp_extension's "No CUDA runtime is found" notice (see the module docstring), whether
+    or not torch.utils.cpp_extension is imported yet: a logger is one object per name."""
+    logger = logging.getLogger(CUDA_HOME_LOGGER)
+    if _not_the_cuda_home_notice not in logger.filters:
+        logger.addFilter(_not_the_cuda_home_notice)
+
+
+def log_noise_lines(text: str) -> list[str]:
+    """The lines of ``text`` (a cell's output) that a learner must not see: kineto's, and the
+    CUDA_HOME notice."""
+    notice = CUDA_HOME_NOTICE.split("%")[0]
+    return kineto_log_lines(text) + [line for line in text.splitlines() if notice in line]

@@ -334,7 +334,8 @@ def test_op_times_tell_bars_of_one_op_apart_by_their_input_dtypes():
     """Three ``aten::copy_`` bars (lesson 17's casts) read as one op three times over unless each
     says what it copied; an op that labels one bar keeps its short name."""
     rows = [{"op": "aten::copy_", "input dtypes": dtypes, "self time (us)": t}
-            for dtypes, t in (("bf16, fp32", 3000.0), ("fp32, bf16", 2000.0), ("fp32, fp32", 900.0))]
+            for dtypes, t in (("bf16, fp32", 3000.0), ("fp32, bf16", 2000.0),
+                              ("fp32, fp32", 900.0))]
     rows.append({"op": "aten::mm", "input dtypes": "bf16, bf16", "self time (us)": 500.0})
     ax = plots.plot_op_times(rows, "casts").axes[0]
     labels = [t.get_text() for t in ax.get_yticklabels()][::-1]

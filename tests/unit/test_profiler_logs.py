@@ -115,3 +115,37 @@ def test_the_image_and_the_lab_launcher_give_every_kernel_the_level(
     monkeypatch.setattr(sys, "argv", ["lab", "--no-browser"])
     lab.main()
     assert started[KINETO_LOG_ENV] == KINETO_LOG_OFF
+
+
+CUDA_HOME_IMPORT = "import torch.utils.cpp_extension"
+
+
+def _cuda_home_stderr(tmp_path, quiet: bool) -> str:
+    """stderr of a fresh interpreter that imports cpp_extension (as torch.compile's C++ backend
+    does) with a CUDA toolkit in CUDA_HOME, after importing amp_tutorial or not."""
+    code = ("import amp_tutorial\n" if quiet else "") + CUDA_HOME_IMPORT
+    env = dict(os.environ, CUDA_HOME=str(tmp_path), PYTHONPATH=str(ROOT / "src"))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True, cwd=ROOT).stderr
+
+
+def test_cpp_extensions_cuda_home_notice_is_filtered_and_nothing_else(tmp_path):
+    """Lesson 14 showed "No CUDA runtime is found, using CUDA_HOME='/usr/local/cuda'" in a red box
+    on a machine with a CUDA toolkit and no GPU. Without amp_tutorial the notice prints (so the
+    test can fail); with it, it does not, and the logger's other warnings still show."""
+    import logging
+
+    import torch
+
+    from amp_tutorial.profiler_logs import CUDA_HOME_LOGGER, log_noise_lines
+
+    if torch.version.cuda is None or torch.cuda.is_available():
+        pytest.skip("the notice comes from a CUDA build of torch on a machine without a GPU")
+    plain = _cuda_home_stderr(tmp_path, quiet=False)
+    assert f"No CUDA runtime is found, using CUDA_HOME='{tmp_path}'" in plain
+    assert log_noise_lines(plain)  # the nbval run would fail a cell that showed it
+    assert _cuda_home_stderr(tmp_path, quiet=True) == ""
+    logger = logging.getLogger(CUDA_HOME_LOGGER)
+    kept = logging.LogRecord(CUDA_HOME_LOGGER, logging.WARNING, __file__, 0, "another %s",
+                             ("warning",), None)
+    assert logger.filter(kept)  # only the one notice is dropped
