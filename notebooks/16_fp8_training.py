@@ -47,7 +47,12 @@ from tqdm.auto import tqdm
 from amp_tutorial.device import device_line, dtype_name, select_device
 from amp_tutorial.measure import Comparison, StepTimer
 from amp_tutorial.models import course_models
-from amp_tutorial.op_profile import compiled_op_count, cpu_scaled_mm_uses_onednn, op_counts
+from amp_tutorial.op_profile import (
+    compiled_op_count,
+    cpu_scaled_mm_uses_onednn,
+    fp8_matmul_problem,
+    op_counts,
+)
 from amp_tutorial.plots import plot_dtype_ranges
 from amp_tutorial.presets import get_preset
 from amp_tutorial.reversal_task import sequence_loss
@@ -256,12 +261,8 @@ def fp8_training_ready(on_cpu):
                           "no torchao release matches this torch"))
     if not on_cpu:
         return True, f"torchao {torchao.__version__} on torch {torch.__version__}"
-    a, one = torch.ones(16, 16).to(torch.float8_e4m3fn), torch.ones(())
-    try:
-        torch._scaled_mm(a, a.t(), one, one, out_dtype=torch.bfloat16)
-    except (RuntimeError, NotImplementedError) as error:
-        return False, (f"torch {torch.__version__} has no CPU _scaled_mm "
-                       f"({str(error).splitlines()[0][:120]}); torch 2.9 and newer have one")
+    if problem := fp8_matmul_problem():  # a small FP8 matmul, on the kernel training will take
+        return False, problem
     kernel = "oneDNN's FP8 kernel" if cpu_scaled_mm_uses_onednn() else "fp32 copies and aten::mm"
     return True, f"torch {torch.__version__} computes _scaled_mm on the CPU, with {kernel}"
 

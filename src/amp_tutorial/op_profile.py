@@ -8,6 +8,7 @@ device is in the dispatcher and in ``native_functions.yaml``: ``amp_tutorial.ker
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -95,10 +96,36 @@ def cpu_scaled_mm_uses_onednn() -> bool:
     ``mkldnn_scaled_mm`` only when oneDNN is on (``torch.backends.mkldnn.enabled``) and the CPU
     has AMX-INT8 (``cpuinfo_has_x86_amx_int8``; e4m3 x e5m2 needs AMX-FP16 in 2.14). Elsewhere it
     dequantizes both inputs to fp32 (``aten::mul``) and multiplies with ``aten::matmul`` ->
-    ``aten::mm``. ``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY`` do not change the choice.
+    ``aten::mm``. ``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY`` do not change the choice,
+    with one catch, seen with torch 2.14.1 on a Xeon with AMX: cpuinfo answers "no AMX" until it
+    is initialised, which ATen's own CPU detection does unless ``ATEN_CPU_CAPABILITY`` is set. On
+    torch 2.14 this function initialises it (``_get_cpu_capability``), so its answer holds for
+    every FP8 matmul after it; call it before the first one. With oneDNN capped below AMX
+    (``ONEDNN_MAX_CPU_ISA=AVX2``, the course's AVX2 emulation) the kernel it picks then cannot be
+    built: ``_scaled_mm`` raises "could not create a primitive descriptor" (``fp8_matmul_problem``).
     """
     return (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
             and cpu_has_amx_int8())
+
+
+def fp8_matmul_problem() -> str | None:
+    """Why an FP8 ``torch._scaled_mm`` (e4m3 x e4m3 -> bf16) fails on this CPU, in one line, or
+    None where it runs. Asks ``cpu_scaled_mm_uses_onednn`` first, so the probe takes the kernel
+    every later FP8 matmul of this process takes."""
+    from amp_tutorial.device import ONEDNN_ISA_CAPS
+
+    onednn = cpu_scaled_mm_uses_onednn()
+    a, one = torch.ones(16, 16).to(torch.float8_e4m3fn), torch.ones(())
+    try:
+        torch._scaled_mm(a, a.t(), one, one, out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError) as error:
+        first = str(error).splitlines()[0][:120]
+        caps = [f"{n}={os.environ[n]}" for n in ONEDNN_ISA_CAPS if os.environ.get(n)]
+        if onednn and caps:
+            return (f"torch picks oneDNN's AMX FP8 kernel from the CPU's flags, but oneDNN is "
+                    f"capped by {', '.join(caps)} and cannot build it ({first}); unset the cap")
+        return f"torch {torch.__version__} has no CPU _scaled_mm ({first}); torch 2.9 and newer"
+    return None
 
 
 def self_times_per_step(prof: profile, steps: int

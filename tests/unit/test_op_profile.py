@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from amp_tutorial.op_profile import (
     cpu_has_amx_int8,
     cpu_scaled_mm_uses_onednn,
     events_with_dtypes,
+    fp8_matmul_problem,
     op_counts,
     self_times_per_step,
 )
@@ -41,10 +43,33 @@ def test_the_fp8_matmul_dequantizes_to_mm_without_onednn() -> None:
 
 def test_the_fp8_matmul_takes_onednn_exactly_on_an_amx_int8_cpu() -> None:
     # Zen 3/Zen 4 (no AMX): aten::mm under _scaled_mm; a Xeon with AMX-INT8: oneDNN's FP8 kernel
+    if fp8_matmul_problem():  # oneDNN capped below AMX: the next test's case
+        pytest.skip(fp8_matmul_problem())
     counts = _scaled_mm_counts()
     assert counts["aten::_scaled_mm"] == 1
     assert cpu_scaled_mm_uses_onednn() == (torch.backends.mkldnn.enabled and cpu_has_amx_int8())
     assert ("aten::mm" not in counts) == cpu_scaled_mm_uses_onednn(), counts
+
+
+def test_a_capped_onednn_fails_the_amx_fp8_matmul_and_the_problem_says_so(monkeypatch) -> None:
+    """On a Xeon with AMX-INT8, torch picks oneDNN's FP8 kernel from the CPU's flags even where
+    ``ONEDNN_MAX_CPU_ISA`` caps oneDNN below AMX (the suite's AVX2 emulation, an instructor's
+    rehearsal of an older laptop); the kernel then cannot be built. Lesson 16 ran its probe before
+    anything had initialised cpuinfo (the mm fallback: it passed) and trained after (oneDNN:
+    it failed). ``fp8_matmul_problem`` asks in the order training will."""
+    if not cpu_scaled_mm_uses_onednn():
+        assert fp8_matmul_problem() is None  # the mm fallback runs everywhere from torch 2.9
+        counts = _scaled_mm_counts()
+        assert counts["aten::mm"] == 1
+        return
+    problem = fp8_matmul_problem()
+    capped = any(os.environ.get(n) for n in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"))
+    if capped:  # as the AVX2 emulation runs this file on an AMX machine
+        assert problem and "ONEDNN_MAX_CPU_ISA" in problem and "unset the cap" in problem
+        with pytest.raises(RuntimeError, match="primitive descriptor"):
+            _scaled_mm_counts()
+    else:
+        assert problem is None
 
 
 def test_amx_int8_agrees_with_the_kernels_cpu_flags() -> None:
