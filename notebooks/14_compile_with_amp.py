@@ -236,11 +236,16 @@ for r in compile_runs:
               f"took {r['compile_s']:.1f} s")
 
 # %%
+noise = {}  # per panel, by the one timing rule: why its bars give no ratio, or None
+for m in MODELS:
+    why = [c.noise for r in compile_runs if r["model"] == m and r["run"] != "eager fp32"
+           if (c := against(r, "eager fp32")).noise]
+    noise[f"{m} (ms/step)"] = "; ".join(dict.fromkeys(why)) or None
 fig = plot_bars({f"{m} (ms/step)": table.loc[m, "ms/step (median)"].to_dict() for m in MODELS},
                 f"Eager vs torch.compile, fp32 vs AMP {dtype_name(LOW)} ({preset.name}, "
-                f"{info.type}, backend {BACKEND}); whiskers: the quartiles",
+                f"{info.type}, backend {BACKEND}); whiskers: ± half the IQR",
                 errors={f"{m} (ms/step)": table.loc[m, "IQR (ms)"].div(2).to_dict()
-                        for m in MODELS})
+                        for m in MODELS}, noise=noise)
 
 # %% [markdown]
 # ## 3. Why: the profile of both steps

@@ -252,9 +252,12 @@ def plot_bars(values: Mapping[str, Mapping[str, float]], title: str,
         whiskers = ([errors[metric][run] for run in runs] if errors and metric in errors
                     else None)
         why = (noise or {}).get(metric)
+        # a time is never below 0: a whisker longer than its bar stops at the axis
+        yerr = ([[min(w, v) for w, v in zip(whiskers, runs.values(), strict=True)], whiskers]
+                if whiskers else None)
         bars = ax.bar(range(len(runs)), list(runs.values()), color=colours, edgecolor="white",
                       hatch=[hatches[colours[:i].count(c) % 4] for i, c in enumerate(colours)],
-                      yerr=whiskers, capsize=3 if whiskers else 0, ecolor=MARKS["normal"],
+                      yerr=yerr, capsize=3 if whiskers else 0, ecolor=MARKS["normal"],
                       alpha=0.45 if why else None)
         ax.set_xticks(range(len(runs)),
                       [textwrap.fill(run, 9, break_long_words=False) for run in runs])

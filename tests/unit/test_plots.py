@@ -310,6 +310,11 @@ def test_bars_whisker_only_the_metrics_given_and_mark_the_noisy_panel():
     assert memory.get_xlabel() == "" and all(p.get_alpha() is None for p in memory.patches)
     quiet = plots.plot_bars({"time (ms)": {"fp32": 2.0}}, "b", noise={"time (ms)": None})
     assert quiet.axes[0].get_xlabel() == ""
+    # a spread wider than twice the median: the whisker stops at 0, the upper one goes on
+    wide = plots.plot_bars({"time (ms)": {"fp32": 2.0}}, "b", errors={"time (ms)": {"fp32": 3.0}})
+    (bar,) = [c for c in wide.axes[0].containers if type(c).__name__ == "ErrorbarContainer"]
+    (segment,) = bar.lines[2][0].get_segments()
+    assert [y for _, y in segment] == pytest.approx([0.0, 5.0])
 
 
 def test_op_times_short_names_coloured_by_the_narrowest_input_and_bars_use_the_width():
