@@ -114,6 +114,7 @@ class RungResult:
     shares: TimeShares | None = None
     final_loss: float | None = None
     skipped: str | None = None
+    timing_again: Timing | None = None  # the first rung only: timed again after the others
 
     def table_row(self) -> dict[str, object]:
         """The row the ladder's table shows: rung, change, tokens, time, rate and the limits."""
@@ -135,6 +136,8 @@ class RungResult:
         if self.timing is not None:
             out |= {"median_s": self.timing.median, "iqr_s": self.timing.iqr,
                     "steps": len(self.timing.samples), "noisy": self.timing.noisy}
+        if self.timing_again is not None:
+            out |= {"median_again_s": self.timing_again.median}
         if self.utilization is not None:
             out |= self.utilization.as_dict()
         if self.shares is not None:
@@ -222,7 +225,10 @@ def run_ladder(info: DeviceInfo, sizes: TransformerSizes, ceiling: Ceiling | Non
     with ``compiled=False``, the compile and CUDA-graph rungs are rows with ``skipped`` set (the
     rungs built on them, a larger batch, the other dtype, pure bf16, then run eager); ``on_row``
     sees each row as it is done. Each compiled rung compiles cold, in an empty cache of its own
-    (``measure.fresh_compile_cache``): no graph compiled for another rung is reused."""
+    (``measure.fresh_compile_cache``): no graph compiled for another rung is reused. The first
+    rung (fp32) is timed once more after the others (``timing_again``, before ``deadline``), so a
+    load that came or went while the ladder ran shows (``measure.Comparison``'s
+    ``baseline_again``)."""
     rows = []
     for rung, why in ladder_rungs(info):
         tokens = sizes.batch * rung.batch_scale * sizes.seq_len
@@ -248,6 +254,14 @@ def run_ladder(info: DeviceInfo, sizes: TransformerSizes, ceiling: Ceiling | Non
         rows.append(row)
         if on_row:
             on_row(row)
+    first = rows[0] if rows else None
+    if first is not None and first.timing is not None and (
+            deadline is None or time.monotonic() <= deadline):
+        try:
+            first.timing_again = run_step(info, sizes, first.rung, ceiling, profile=False,
+                                          **options).timing
+        finally:
+            free_memory(info.device)
     return rows
 
 

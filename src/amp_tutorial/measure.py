@@ -129,6 +129,11 @@ class Comparison:
     The one rule every timing sentence, table and bar of the course follows: a ratio is stated
     only when both timings are quiet (spread at most ``NOISY_SPREAD`` of the median) and the
     preset is big enough to time; otherwise the comparison says why it cannot be made here.
+
+    Runs timed one after the other can each be quiet and still not comparable: a load that starts
+    or stops between them (another learner's job) moves one run and not the other. Where the
+    baseline was timed once more after the other runs (``baseline_again``), medians that differ
+    by more than ``NOISY_SPREAD`` say so, and no ratio is stated.
     """
 
     name: str
@@ -136,6 +141,7 @@ class Comparison:
     timing: Timing
     baseline: Timing
     preset: str
+    baseline_again: Timing | None = None  # the baseline timed again, after the other runs
 
     @property
     def ratio(self) -> float:
@@ -153,6 +159,11 @@ class Comparison:
             said = " and ".join(f"{name}'s spread is {spread:.0%} of its median"
                                 for name, spread in noisy)
             return f"{said}, more than {NOISY_SPREAD:.0%}: the machine was busy"
+        again = self.baseline_again
+        if again is not None and abs(again.median / self.baseline.median - 1) > NOISY_SPREAD:
+            return (f"{self.baseline_name} took {self.baseline.median * 1e3:.3g} ms per step "
+                    f"first and {again.median * 1e3:.3g} ms when timed again after the other "
+                    "runs: the machine's load changed while they ran")
         return None
 
     @property

@@ -94,6 +94,31 @@ def test_rungs_past_the_deadline_or_failing_are_rows_that_say_why(monkeypatch):
     assert all(r.skipped.startswith("not reached") for r in rows if r.rung in ran)
 
 
+def test_the_first_rung_is_timed_again_after_the_last(monkeypatch):
+    """The ladder's rungs run one after another; fp32, the baseline, is timed once more at the
+    end so a load that came or went meanwhile shows (``Comparison.baseline_again``)."""
+    import amp_tutorial.ladder as ladder
+
+    calls = []
+
+    def fake_step(info, sizes, rung, ceiling, *_args, **_kwargs):
+        calls.append(rung.name)
+        seconds = 0.010 * len(calls)  # every run slower than the one before: a growing load
+        return RungResult(rung, sizes.batch * sizes.seq_len, timing=Timing((seconds,) * 3))
+
+    monkeypatch.setattr(ladder, "run_step", fake_step)
+    info = select_device("cpu")
+    rows = run_ladder(info, get_preset("smoke").transformer, None, compiled=False)
+    assert calls[0] == calls[-1] == "fp32" and calls.count("fp32") == 2
+    assert rows[0].timing.median == pytest.approx(0.010)
+    assert rows[0].timing_again.median == pytest.approx(0.010 * len(calls))
+    assert rows[0].as_dict()["median_again_s"] == pytest.approx(0.010 * len(calls))
+    assert all(r.timing_again is None for r in rows[1:])
+    calls.clear()  # past the deadline: nothing more is run, not even the second fp32 timing
+    rows = run_ladder(info, get_preset("smoke").transformer, None, deadline=0.0)
+    assert calls == [] and rows[0].timing_again is None
+
+
 def _row(width: int, mode: str, ms: float) -> SweepRow:
     result = RungResult(Rung(mode, ""), 512, timing=Timing((ms / 1e3,) * 3))
     return SweepRow(width, 512, mode, result)
