@@ -288,11 +288,13 @@ results.round(4)
 # activation bytes of fp32, and its loss falls just as fp32's does. Time is a measurement, not a
 # rule: the sentence below is written from this run's numbers, in whichever direction they went,
 # with the cause where it is known, and only where they can be trusted: a timing whose quartile
-# range is more than a quarter of its median (a shared, busy machine) or the `smoke` preset (far
-# too small: overheads fill the step) gives no ratio, in the sentence or in the table (NaN); the
-# figure further down then draws its time bars pale, with the reason under them (its whiskers
-# show each timing's spread). On a CPU without native bf16, bf16 is slower than fp32 at every
-# size; the device line at the top says whether this CPU has it, and why bf16 is slow if not.
+# range is more than a quarter of its median, or whose threads waited for a CPU more than a
+# quarter of the time (a shared, busy machine: `StepTimer` reads Linux's per-thread
+# `schedstat`), or the `smoke` preset (far too small: overheads fill the step) gives no ratio,
+# in the sentence or in the table (NaN); the figure further down then draws its time bars pale,
+# with the reason under them (its whiskers show each timing's spread). On a CPU without native
+# bf16, bf16 is slower than fp32 at every size; the device line at the top says whether this CPU
+# has it, and why bf16 is slow if not.
 
 # %%
 for name, r in runs.items():

@@ -91,6 +91,10 @@ c.DockerSpawner.environment = {
     "AMP_PROGRESS_URL": f"http://hub:8000/services/{progress_access.SERVICE}/api/attempts",
 }
 c.DockerSpawner.cpu_limit = float(setting("AMP_HUB_CPU_LIMIT", "4"))
+# torch starts a thread per core of the host, not per core of the learner's limit: 64 threads
+# under a 4-core quota spend most of each step throttled (a step's threads then wait for a CPU,
+# and the lessons' timing rule states no ratio from it). One thread per core the learner has.
+c.DockerSpawner.environment["OMP_NUM_THREADS"] = str(max(1, int(c.DockerSpawner.cpu_limit)))
 c.DockerSpawner.mem_limit = setting("AMP_HUB_MEM_LIMIT", "8G")
 c.DockerSpawner.start_timeout = 180
 # After its container starts, a learner's server must answer within this: JupyterHub's 30 s

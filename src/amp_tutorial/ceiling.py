@@ -65,7 +65,8 @@ class MatmulRate:
 
     @property
     def noisy(self) -> bool:
-        """True when the spread is so wide that the median says little (measure.NOISY_SPREAD)."""
+        """True when the median says little: a wide spread, or calls crowded off their CPUs
+        (``measure.Timing.why_noisy``)."""
         return self.timing.noisy
 
 
@@ -191,9 +192,10 @@ class Ceiling:
             return (f"{dtype} is emulated on this device, so the timed matmul and a model's "
                     "convolutions take different slow paths and a model can beat the figure")
         if not self.quiet_sizes(dtype):
-            spread = max(self.rate(n, d).spread for n in self.sizes for d in ("fp32", dtype))
-            return (f"the matmul timings were noise (quartile range up to {spread:.0%} of the "
-                    "median; a busy machine?): measure again when it is quiet")
+            why = next(r.timing.why_noisy for n in self.sizes for d in ("fp32", dtype)
+                       if (r := self.rate(n, d)).noisy)
+            return (f"the matmul timings were noise (a rate's {why}; a busy machine?): "
+                    "measure again when it is quiet")
         return None
 
     def ceiling(self, dtype: str) -> float | None:
@@ -238,7 +240,7 @@ class Ceiling:
                 r = self.rate(n, dtype)
                 low, high = r.gflops_range
                 ratio = "" if dtype == "fp32" else f", {self.ratio(n, dtype):.2f}x fp32"
-                noise = f", NOISY: spread {r.spread:.0%} of the median" if r.noisy else ""
+                noise = f", NOISY: {r.timing.why_noisy}" if r.noisy else ""
                 parts.append(f"{dtype} {r.gflops:.3g} ({low:.3g}-{high:.3g}{noise}){ratio}")
             out.append(f"matmul {n}x{n}: " + "; ".join(parts))
         return out + list(self.notes)

@@ -62,6 +62,7 @@ from amp_tutorial.device import (
 from amp_tutorial.measure import (
     NOISY_SPREAD,
     StepTimer,
+    crowded,
     free_memory,
     peak_memory_bytes,
     reset_peak_memory,
@@ -390,6 +391,9 @@ class Checkup:
     outputs_all_zero: bool = False
     # why the AMP dtype's matmul ratio is no ceiling here (emulated, or noise), or None
     ceiling_why: str | None = None
+    # per mode: the share of its timed steps' wall time its threads waited for a CPU
+    # (``measure.Timing.wait_share``; None where it was not measured)
+    timing_wait_share: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def loss_tolerance(self) -> float:
@@ -490,10 +494,15 @@ class Checkup:
     @property
     def speed_noise(self) -> str | None:
         """Why the speedup is no result here (the course's timing rule, ``measure.Comparison``:
-        a spread over ``NOISY_SPREAD`` of the median), or None."""
-        noisy = [f"{mode}'s spread is {self.timing_iqr_ms[mode] / self.timing_ms[mode]:.0%} of "
-                 "its median" for mode in ("fp32", "amp")
-                 if self.timing_iqr_ms[mode] > NOISY_SPREAD * self.timing_ms[mode]]
+        a spread over ``NOISY_SPREAD`` of the median, or threads that waited for a CPU over
+        ``CROWDED_SHARE`` of the time), or None."""
+        noisy = []
+        for mode in ("fp32", "amp"):
+            if self.timing_iqr_ms[mode] > NOISY_SPREAD * self.timing_ms[mode]:
+                noisy.append(f"{mode}'s spread is "
+                             f"{self.timing_iqr_ms[mode] / self.timing_ms[mode]:.0%} of its median")
+            elif why := crowded(self.timing_wait_share.get(mode)):
+                noisy.append(f"{mode}'s {why}")
         if not noisy:
             return None
         return " and ".join(noisy) + f", more than {NOISY_SPREAD:.0%}: the machine was busy"
@@ -1280,6 +1289,8 @@ def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
         first_nonfinite=str(bad) if bad is not None else None,
         timing_ms={"fp32": timer32.timing.median * 1e3, "amp": timer_amp.timing.median * 1e3},
         timing_iqr_ms={"fp32": timer32.timing.iqr * 1e3, "amp": timer_amp.timing.iqr * 1e3},
+        timing_wait_share={"fp32": timer32.timing.wait_share,
+                           "amp": timer_amp.timing.wait_share},
         peak_bytes={"fp32": peak32, "amp": peak_amp}, saved_activation_bytes=saved,
         ceiling=ceiling.as_dict(),
         # the bench's rule: no ceiling where the dtype is emulated or the timings were noise

@@ -27,6 +27,9 @@ CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"  # where Inductor keeps compiled code
 # A timing whose interquartile range is more than this share of its median is noise, not a result
 # (a class's shared machine, another job beside it): no ratio is stated from it
 NOISY_SPREAD = 0.25
+# A run whose threads waited for a CPU (runnable, not running) for more than this share of its
+# wall time was slowed by other programs, however quiet its spread: no ratio is stated from it
+CROWDED_SHARE = 0.25
 # Presets whose steps are too small to time: overheads, not the arithmetic AMP changes, fill them
 UNTIMED_PRESETS = {"smoke": "the smoke preset is too small to time (overheads fill each step)"}
 
@@ -78,12 +81,49 @@ def peak_memory_bytes(device: torch.device | str) -> int | None:
     return None
 
 
+def cpu_wait_s() -> float | None:
+    """Seconds this process's threads have waited for a CPU so far: runnable, but another
+    program (or another of its own threads) held the core. Summed over the live threads from
+    Linux's ``/proc/self/task/*/schedstat`` (its second field, the run-queue delay in ns); None
+    where the kernel does not keep it (macOS, Windows, a kernel without schedstats).
+
+    A busy machine slows a run in a way its spread can miss: a job beside it for the whole run
+    makes every step slower by about as much, so the steps agree and the median is wrong. The
+    wait shows it (a step that waited 40 ms for a CPU out of 100 ms lost them to someone else).
+    """
+    total = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
+
+
+def crowded(wait_share: float | None) -> str | None:
+    """Why a run whose threads waited for a CPU ``wait_share`` of its time is no result (over
+    ``CROWDED_SHARE``: other programs held the cores, or the process ran more threads than the
+    CPUs it may use), or None."""
+    if wait_share is None or wait_share <= CROWDED_SHARE:
+        return None
+    return f"threads waited for a CPU for {wait_share:.0%} of its time"
+
+
 @dataclass(frozen=True)
 class Timing:
     """Per-step wall times in seconds, with the statistics the course reports.
+
+    ``waits``: per step, the seconds the process's threads waited for a CPU (``cpu_wait_s``);
+    empty where that is not measured.
     """
 
     samples: tuple[float, ...]
+    waits: tuple[float, ...] = ()
 
     @property
     def median(self) -> float:
@@ -112,9 +152,25 @@ class Timing:
         return self.iqr / self.median if self.median > 0 else float("inf")
 
     @property
+    def wait_share(self) -> float | None:
+        """The CPU waits over the wall time of the timed steps (summed over threads, so two
+        threads that both waited all the time give 2.0); None where waits were not measured."""
+        if not self.waits or self.total <= 0:
+            return None
+        return sum(self.waits) / self.total
+
+    @property
+    def why_noisy(self) -> str | None:
+        """Why the median says little here (a spread over ``NOISY_SPREAD`` of it, or threads
+        that waited for a CPU over ``CROWDED_SHARE`` of the time), or None."""
+        if self.spread > NOISY_SPREAD:
+            return f"spread is {self.spread:.0%} of its median"
+        return crowded(self.wait_share)
+
+    @property
     def noisy(self) -> bool:
-        """True when the spread is so wide that the median says little (a busy machine)."""
-        return self.spread > NOISY_SPREAD
+        """True when the median says little: a wide spread, or a run crowded off its CPUs."""
+        return self.why_noisy is not None
 
     def __str__(self) -> str:
         n = len(self.samples)
@@ -153,12 +209,11 @@ class Comparison:
         """Why the ratio is not a result here, or None when it is."""
         if self.preset in UNTIMED_PRESETS:
             return UNTIMED_PRESETS[self.preset]
-        noisy = [(name, t.spread) for name, t in ((self.baseline_name, self.baseline),
-                                                   (self.name, self.timing)) if t.noisy]
+        noisy = [f"{name}'s {t.why_noisy}" for name, t in ((self.baseline_name, self.baseline),
+                                                             (self.name, self.timing))
+                 if t.noisy]
         if noisy:
-            said = " and ".join(f"{name}'s spread is {spread:.0%} of its median"
-                                for name, spread in noisy)
-            return f"{said}, more than {NOISY_SPREAD:.0%}: the machine was busy"
+            return f"{' and '.join(noisy)}, more than {NOISY_SPREAD:.0%}: the machine was busy"
         again = self.baseline_again
         if again is not None and abs(again.median / self.baseline.median - 1) > NOISY_SPREAD:
             return (f"{self.baseline_name} took {self.baseline.median * 1e3:.3g} ms per step "
@@ -232,16 +287,24 @@ class StepTimer:
         self.warmup = warmup
         self.samples: list[float] = []  # seconds, one per timed step
         self.warmup_samples: list[float] = []  # seconds, one per warm-up step
+        self.waits: list[float] = []  # seconds waited for a CPU, one per timed step
 
     @contextmanager
     def step(self) -> Iterator[None]:
         """Time the block as one step (kept apart in ``warmup_samples`` while warming up)."""
         synchronize(self.device)
+        waited = cpu_wait_s()
         start = time.perf_counter()
         yield
         synchronize(self.device)
         elapsed = time.perf_counter() - start
-        (self.samples if self.steps_seen >= self.warmup else self.warmup_samples).append(elapsed)
+        if self.steps_seen < self.warmup:
+            self.warmup_samples.append(elapsed)
+            return
+        self.samples.append(elapsed)
+        now = cpu_wait_s()
+        if waited is not None and now is not None:
+            self.waits.append(max(0.0, now - waited))  # a thread that ended takes its wait along
 
     @property
     def steps_seen(self) -> int:
@@ -254,7 +317,8 @@ class StepTimer:
         if not self.samples:
             raise ValueError(f"no timed step yet: {self.steps_seen} step(s) seen, "
                              f"the first {self.warmup} are warm-up")
-        return Timing(tuple(self.samples))
+        waits = tuple(self.waits) if len(self.waits) == len(self.samples) else ()
+        return Timing(tuple(self.samples), waits)
 
 
 def time_steps(

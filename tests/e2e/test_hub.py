@@ -240,6 +240,7 @@ def test_each_learner_gets_their_own_container_of_the_course_image(workshop: Cla
         assert container["HostConfig"]["Memory"] == 3 * 2**30
         # DockerSpawner sets cpu_quota = cpu_limit * cpu_period (100 ms by default)
         assert container["HostConfig"]["CpuQuota"] == 100_000
+        assert "OMP_NUM_THREADS=1" in container["Config"]["Env"]  # torch's threads: the limit's
     print(f"\nhub and course images built in {workshop.build_seconds:.0f} s")
 
 

@@ -392,10 +392,15 @@ def test_no_speed_verdict_from_noisy_timings(hazard):
     # issue 43: on a shared machine the speed verdict came from wall time whose spread passed
     # the course's NOISY rule; the timing rule holds for the check-up too
     quiet = dataclasses.replace(hazard, timing_ms={"fp32": 10.0, "amp": 20.0},
-                                timing_iqr_ms={"fp32": 1.0, "amp": 1.0})
+                                timing_iqr_ms={"fp32": 1.0, "amp": 1.0},
+                                timing_wait_share={"fp32": 0.01, "amp": None})
     assert quiet.speed_noise is None and quiet.payoff_rows()[1]["speedup (t_fp32 / t)"] == 0.5
     noisy = dataclasses.replace(quiet, timing_iqr_ms={"fp32": 1.0, "amp": 6.0})
     assert "amp's spread is 30%" in noisy.speed_noise
+    # a quiet spread from steps that each waited for a CPU (a job beside the whole run)
+    crowded = dataclasses.replace(quiet, timing_wait_share={"fp32": 0.6, "amp": 0.0})
+    assert "fp32's threads waited for a CPU for 60% of its time" in crowded.speed_noise
+    assert math.isnan(crowded.payoff_rows()[1]["speedup (t_fp32 / t)"])
     assert math.isnan(noisy.payoff_rows()[1]["speedup (t_fp32 / t)"])
     info = select_device("cpu")
     lines = [a.line for a in _advice(noisy, info, torch.float16)]

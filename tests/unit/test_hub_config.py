@@ -140,6 +140,10 @@ def test_config_admits_nobody_by_itself_and_isolates_learners(
     assert c.DockerSpawner.volumes == {"ws-{username}": "/home/learner/work"}
     assert c.DockerSpawner.name_template == "ws-{username}"
     assert c.DockerSpawner.mem_limit == "3G" and c.DockerSpawner.cpu_limit == 4.0
+    # torch's threads: one per core of the learner's limit, not of the host
+    assert c.DockerSpawner.environment["OMP_NUM_THREADS"] == "4"
+    assert load_hub_config(monkeypatch, AMP_HUB_CPU_LIMIT="0.5").DockerSpawner.environment[
+        "OMP_NUM_THREADS"] == "1"
     services = {service["name"]: service for service in c.JupyterHub.services}
     assert "--timeout=900" in services["idle-culler"]["command"]
     roles = {role["name"]: role for role in c.JupyterHub.load_roles}

@@ -280,6 +280,58 @@ def test_a_baseline_that_moved_between_its_two_timings_gives_no_ratio():
     assert "the machine's load changed" in said.noise and "x the speed" not in str(said)
 
 
+def test_a_run_whose_threads_waited_for_a_cpu_gives_no_ratio():
+    """The 9.06x of lesson 17 again, seen from inside: fp32's steps were each as slow as the
+    other (a quiet spread) because a job beside them took half the cores all along."""
+    from amp_tutorial.measure import CROWDED_SHARE, Comparison, Timing
+
+    fp32 = Timing((0.099, 0.100, 0.101), waits=(0.001, 0.0, 0.002))
+    amp = Timing((0.0495, 0.050, 0.0505), waits=(0.0, 0.0, 0.001))
+    assert fp32.wait_share == pytest.approx(0.01) and not fp32.noisy
+    assert Comparison("AMP bf16", "fp32", amp, fp32, "cpu").stated == pytest.approx(2.0)
+    crowded = Timing((0.099, 0.100, 0.101), waits=(0.05, 0.06, 0.04))
+    assert crowded.spread < CROWDED_SHARE < crowded.wait_share == pytest.approx(0.5)
+    assert crowded.noisy and Timing((0.1,) * 3).wait_share is None  # waits not measured
+    said = Comparison("AMP bf16", "fp32", amp, crowded, "cpu")
+    assert said.stated is None and "x the speed" not in str(said)
+    assert "fp32's threads waited for a CPU for 50% of its time" in said.noise
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@pytest.mark.skipif(not (hasattr(os, "sched_setaffinity") and measure.cpu_wait_s() is not None),
+                    reason="needs Linux's per-thread schedstat and CPU affinity")
+def test_a_step_that_shares_its_core_with_another_program_is_crowded():
+    # a busy loop pinned to one core beside another program's busy loop on the same core: the
+    # scheduler gives each about half, so the step waits about half its time, on any machine
+    import subprocess
+    import sys
+
+    mine = os.sched_getaffinity(0)
+    cpu = min(mine)
+    spinner = (f"import os, time; os.sched_setaffinity(0, {{{cpu}}}); print('spinning', "
+               "flush=True); end = time.perf_counter() + 60\nwhile time.perf_counter() < end: pass")
+    hog = subprocess.Popen([sys.executable, "-c", spinner], stdout=subprocess.PIPE, text=True)
+    try:
+        assert hog.stdout.readline().strip() == "spinning"
+        os.sched_setaffinity(0, {cpu})  # this thread only; torch's threads keep theirs
+        timer = StepTimer("cpu")
+        for _ in range(3):
+            with timer.step():
+                _spin(0.2)
+    finally:
+        os.sched_setaffinity(0, mine)
+        hog.kill()
+        hog.wait()
+    timing = timer.timing
+    assert len(timing.waits) == 3 and timing.wait_share > measure.CROWDED_SHARE, timing.waits
+    assert timing.noisy and "waited for a CPU" in timing.why_noisy
+
+
 @pytest.mark.parametrize("before", [None, "/elsewhere/inductor-cache"])
 def test_fresh_compile_cache_is_where_inductor_compiles_and_goes_away(monkeypatch, before):
     from torch._inductor.runtime.cache_dir_utils import cache_dir  # how Inductor finds its cache
