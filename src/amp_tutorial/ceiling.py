@@ -220,7 +220,8 @@ class Ceiling:
         return {
             "rates": [{"n": r.n, "dtype": r.dtype, "gflops": r.gflops,
                        "gflops_q3_q1": list(r.gflops_range), "median_s": r.timing.median,
-                       "iqr_s": r.timing.iqr, "calls": len(r.timing.samples), "noisy": r.noisy}
+                       "iqr_s": r.timing.iqr, "calls": len(r.timing.samples), "noisy": r.noisy,
+                       "wait_share": r.timing.wait_share}
                       for r in self.rates],
             "ratios": {d: {str(n): self.ratio(n, d) for n in self.sizes}
                        for d in self.low_dtypes},

@@ -135,7 +135,8 @@ class RungResult:
                                   "final_loss": self.final_loss}
         if self.timing is not None:
             out |= {"median_s": self.timing.median, "iqr_s": self.timing.iqr,
-                    "steps": len(self.timing.samples), "noisy": self.timing.noisy}
+                    "steps": len(self.timing.samples), "noisy": self.timing.noisy,
+                    "wait_share": self.timing.wait_share}
         if self.timing_again is not None:
             out |= {"median_again_s": self.timing_again.median}
         if self.utilization is not None:

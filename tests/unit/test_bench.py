@@ -5,7 +5,7 @@ import json
 import pytest
 
 from amp_tutorial.ceiling import Ceiling, MatmulRate
-from amp_tutorial.measure import Timing
+from amp_tutorial.measure import CROWDED_SHARE, Timing, cpu_wait_s
 from tests.support import load_program
 
 bench = load_program("bench")
@@ -154,6 +154,9 @@ def test_the_same_run_measures_the_matmul_ceiling(smoke_report):
     # the row's ceiling is the report's: the best ratio over the sizes whose timings are not
     # noise, or None with the reason (bf16 emulated, or every size noisy on a busy machine)
     assert bf16_row["matmul_ceiling"] == ceiling["ceilings"]["bf16"]
+    for r in ceiling["rates"]:  # how long the calls waited for a CPU, where Linux says
+        assert (r["wait_share"] is None) == (cpu_wait_s() is None)
+        assert r["noisy"] or not r["wait_share"] or r["wait_share"] <= CROWDED_SHARE, r
     # only fp32's and bf16's rates count: a CPU with avx512_fp16 (a Xeon with AMX) also times
     # fp16, and a noisy fp16 rate says nothing about bf16's ceiling
     noisy = {r["n"] for r in ceiling["rates"] if r["noisy"] and r["dtype"] in ("fp32", "bf16")}
