@@ -320,8 +320,8 @@ assert flops_per_step(4 * batch) == 4 * flops  # four times the tokens, four tim
 # 3 steps. The compiled rungs are left out here (compiling takes minutes; `pdm run ladder` runs
 # them all); the larger batch, the other dtype and pure bf16 run eager instead. The rungs run one
 # after another, so a load that comes or goes meanwhile (a class shares the machine) moves some
-# and not others, each still quiet: fp32 is timed once more after the last rung, and where the
-# two fp32 timings differ by more than 25% no ratio is stated.
+# and not others, each still quiet: fp32 is timed again after the last rung, and no ratio is
+# stated where its two timings differ by over 25% (or a rung's threads waited that long for a CPU).
 
 # %%
 from amp_tutorial.ceiling import SIZES, matmul_ceiling
