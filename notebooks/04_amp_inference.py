@@ -168,7 +168,7 @@ bars = {"time per forward (ms)": results["time/step median (ms)"].to_dict(),
         "layer outputs (MB)": results["layer outputs (MB)"].to_dict()}
 if info.has_allocator_stats:
     bars["peak memory (MB)"] = results["peak memory (MB)"].to_dict()
-noise = "; ".join(dict.fromkeys(c.noise for c in comparisons if c.noise)) or None
+noise = Comparison.why_no_ratio(comparisons)  # why the bars give no ratio, or None
 fig = plot_bars(bars, f"fp32 vs AMP inference on {info.type} ({preset.name} preset); "
                 "whiskers: ± half the IQR",
                 errors={"time per forward (ms)": results["time/step IQR (ms)"].div(2).to_dict()},

@@ -236,7 +236,7 @@ bars = {"time per step (ms)": results["time/step median (ms)"].to_dict(),
         "saved activations (MB)": results["saved activations (MB)"].to_dict()}
 if info.has_allocator_stats:
     bars["peak memory (MB)"] = results["peak memory (MB)"].to_dict()
-noise = "; ".join(dict.fromkeys(c.noise for c in comparisons if c.noise)) or None  # the rule's
+noise = Comparison.why_no_ratio(comparisons)  # why the bars give no ratio, or None
 fig = plot_bars(bars, f"Transformer training on {info.type}: fp32 vs AMP ({preset.name} preset); "
                 "whiskers: ± half the IQR",
                 errors={"time per step (ms)": results["time/step IQR (ms)"].div(2).to_dict()},

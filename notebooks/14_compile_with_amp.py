@@ -236,11 +236,10 @@ for r in compile_runs:
               f"took {r['compile_s']:.1f} s")
 
 # %%
-noise = {}  # per panel, by the one timing rule: why its bars give no ratio, or None
-for m in MODELS:
-    why = [c.noise for r in compile_runs if r["model"] == m and r["run"] != "eager fp32"
-           if (c := against(r, "eager fp32")).noise]
-    noise[f"{m} (ms/step)"] = "; ".join(dict.fromkeys(why)) or None
+# per panel, by the one timing rule: why its bars give no ratio, or None
+noise = {f"{m} (ms/step)": Comparison.why_no_ratio(
+    against(r, "eager fp32") for r in compile_runs if r["model"] == m and r["run"] != "eager fp32")
+    for m in MODELS}
 fig = plot_bars({f"{m} (ms/step)": table.loc[m, "ms/step (median)"].to_dict() for m in MODELS},
                 f"Eager vs torch.compile, fp32 vs AMP {dtype_name(LOW)} ({preset.name}, "
                 f"{info.type}, backend {BACKEND}); whiskers: ± half the IQR",

@@ -16,7 +16,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -205,21 +205,37 @@ class Comparison:
         return self.baseline.median / self.timing.median
 
     @property
+    def noisy_runs(self) -> dict[str, str]:
+        """Each of the two runs whose timing is noise, with why (``Timing.why_noisy``)."""
+        return {name: t.why_noisy for name, t in ((self.baseline_name, self.baseline),
+                                                  (self.name, self.timing)) if t.why_noisy}
+
+    @property
     def noise(self) -> str | None:
         """Why the ratio is not a result here, or None when it is."""
         if self.preset in UNTIMED_PRESETS:
             return UNTIMED_PRESETS[self.preset]
-        noisy = [f"{name}'s {t.why_noisy}" for name, t in ((self.baseline_name, self.baseline),
-                                                             (self.name, self.timing))
-                 if t.noisy]
+        noisy = self.noisy_runs
         if noisy:
-            return f"{' and '.join(noisy)}, more than {NOISY_SPREAD:.0%}: the machine was busy"
+            return _busy(noisy)
         again = self.baseline_again
         if again is not None and abs(again.median / self.baseline.median - 1) > NOISY_SPREAD:
             return (f"{self.baseline_name} took {self.baseline.median * 1e3:.3g} ms per step "
                     f"first and {again.median * 1e3:.3g} ms when timed again after the other "
                     "runs: the machine's load changed while they ran")
         return None
+
+    @staticmethod
+    def why_no_ratio(comparisons: Iterable[Comparison]) -> str | None:
+        """Why some of these comparisons (one figure's bars, one table) give no ratio, each
+        run's reason said once (a noisy fp32 baseline is one reason, not one per run against
+        it); None where every one states its ratio."""
+        comparisons = [c for c in comparisons if c.noise]
+        if not comparisons:
+            return None
+        noisy = {name: why for c in comparisons for name, why in c.noisy_runs.items()}
+        others = [c.noise for c in comparisons if not c.noisy_runs]  # a small preset, a moved load
+        return "; ".join(dict.fromkeys(([_busy(noisy)] if noisy else []) + others))
 
     @property
     def stated(self) -> float | None:
@@ -237,6 +253,11 @@ class Comparison:
                   else f"{1 / self.ratio - 1:.0%} more time per step")
         return (f"{self.name} ran at {self.ratio:.2f}x the speed of {self.baseline_name} "
                 f"({change}; t_{self.baseline_name} / t, medians)")
+
+
+def _busy(noisy: dict[str, str]) -> str:
+    said = " and ".join(f"{name}'s {why}" for name, why in noisy.items())
+    return f"{said}, more than {NOISY_SPREAD:.0%}: the machine was busy"
 
 
 def timing_columns(timing: Timing, baseline: Timing, peak_bytes: int | None,

@@ -297,6 +297,29 @@ def test_a_run_whose_threads_waited_for_a_cpu_gives_no_ratio():
     assert "fp32's threads waited for a CPU for 50% of its time" in said.noise
 
 
+def test_a_figure_says_each_run_s_reason_for_no_ratio_once():
+    """Lesson 14's ConvModel panel, rendered beside CI, printed "eager fp32's spread is 39% of its
+    median" three times under its bars: once per run compared against it."""
+    from amp_tutorial.measure import Comparison, Timing
+
+    why_no_ratio = Comparison.why_no_ratio
+
+    quiet, other = Timing((0.099, 0.100, 0.101)), Timing((0.049, 0.050, 0.051))
+    loaded = Timing((0.06, 0.10, 0.14))
+    crowded = Timing((0.049, 0.050, 0.051), waits=(0.05, 0.05, 0.05))
+    assert why_no_ratio([Comparison("bf16", "fp32", other, quiet, "cpu")]) is None
+    why = why_no_ratio(Comparison(n, "fp32", t, loaded, "cpu")
+                       for n, t in (("bf16", other), ("compiled", crowded), ("compiled bf16",
+                                                                             other)))
+    assert why.count("fp32's spread is 40% of its median") == 1
+    assert "compiled's threads waited for a CPU for 100% of its time" in why
+    assert "compiled bf16" not in why and why.endswith("the machine was busy")
+    moved = Comparison("bf16", "fp32", other, quiet, "cpu", baseline_again=Timing((0.2,) * 3))
+    assert why_no_ratio([moved]) == moved.noise and "load changed" in moved.noise
+    assert why_no_ratio([Comparison("bf16", "fp32", other, quiet, "smoke")]).startswith(
+        "the smoke preset is too small")
+
+
 def _spin(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:

@@ -347,7 +347,9 @@ def simulated_device(device_type: str, model: nn.Module) -> Iterator[ForwardSeen
         raise FirstForward
 
     with ExitStack() as stack:
-        # torch.autocast("cuda") and GradScaler("cuda") switch themselves off without CUDA
+        # torch.autocast("cuda") and GradScaler("cuda") switch themselves off without CUDA; both
+        # look the test up as torch.cuda.amp.common.amp_definitely_not_available (torch/amp's
+        # autocast_mode.py and grad_scaler.py, 2.9 to 2.14), so it is patched there, not deprecated
         stack.enter_context(mock.patch.object(torch.cuda.amp.common,
                                               "amp_definitely_not_available", lambda: False))
         stack.enter_context(mock.patch.object(torch.cuda, "is_bf16_supported",
