@@ -312,7 +312,9 @@ assert flops_per_step(4 * batch) == 4 * flops  # four times the tokens, four tim
 # A CPU has no single datasheet peak (it follows its cores, clocks and vector units): there MFU
 # is n/a and the measure is the share **of the measured matmul rate** of the step's dtype, a
 # square matmul timed now (`matmul_ceiling`; `Utilization.of_matmul`). Where bf16 is emulated (a
-# CPU without avx512_bf16 or AMX), that rate bounds nothing, and it is n/a too.
+# CPU without avx512_bf16 or AMX), that rate bounds nothing, and it is n/a too. The column *its
+# matmuls, of the rate* reads the step's own matmuls against it (their FLOPs over their profiled
+# time): near 100%, the step loses its time around its matmuls; well below, in them as well.
 #
 # `amp_tutorial.ladder` trains the transformer in *rungs*, each changing one thing: fp32, AMP, +
 # fused AdamW, + `torch.compile`, + CUDA graphs (CUDA only), 4x the batch, the other 16-bit

@@ -66,10 +66,15 @@ def rung_line(row: RungResult) -> list[str]:
 def shares_table(rows: list[RungResult]) -> str:
     from amp_tutorial.step_profile import GROUPS
 
+    def its_matmuls(r: RungResult) -> str:
+        if r.matmul_tflops is None:
+            return "n/a"
+        return f"{r.matmul_tflops:.3g}" + (f" ({r.matmul_of_rate:.0%})" if r.matmul_of_rate else "")
+
     measured = [r for r in rows if r.shares is not None]
-    return table(["rung", *GROUPS, "from"],
+    return table(["rung", *GROUPS, "from", "its matmuls: TFLOP/s (of the rate)"],
                  [[r.rung.name, *(f"{r.shares.shares[g]:.0%}" for g in GROUPS),
-                   r.shares.source] for r in measured])
+                   r.shares.source, its_matmuls(r)] for r in measured])
 
 
 def sweep_table(rows: list[SweepRow]) -> str:

@@ -33,7 +33,15 @@ import torch
 from amp_tutorial.ceiling import Ceiling
 from amp_tutorial.device import DeviceInfo, dtype_name, tf32_in_use
 from amp_tutorial.measure import Timing, free_memory, fresh_compile_cache, time_steps
-from amp_tutorial.mfu import Peak, Utilization, compute_dtype, peak_for, percent, step_flops
+from amp_tutorial.mfu import (
+    WEIGHT_MATMULS,
+    Peak,
+    Utilization,
+    compute_dtype,
+    peak_for,
+    percent,
+    step_flops,
+)
 from amp_tutorial.presets import TransformerSizes
 from amp_tutorial.reversal_task import ReversalTask, sequence_loss
 from amp_tutorial.step_profile import TimeShares, profile_steps, time_shares
@@ -115,6 +123,22 @@ class RungResult:
     final_loss: float | None = None
     skipped: str | None = None
     timing_again: Timing | None = None  # the first rung only: timed again after the others
+    matmul_flops: int | None = None  # the weights' matmuls' share of the model FLOPs
+
+    @property
+    def matmul_tflops(self) -> float | None:
+        """The rate the step's own matmuls ran at: their FLOPs over the profile's matmul time
+        per step (None where the rung was not profiled). Read against the measured matmul rate,
+        it says whether a step falls short of that rate in its matmuls or around them."""
+        if self.matmul_flops is None or self.shares is None or not self.shares.seconds["matmul"]:
+            return None
+        return self.matmul_flops / self.shares.seconds["matmul"] / 1e12
+
+    @property
+    def matmul_of_rate(self) -> float | None:
+        """``matmul_tflops`` over this device's measured matmul rate of the rung's dtype."""
+        rate = self.utilization.matmul_tflops if self.utilization else None
+        return None if rate is None or self.matmul_tflops is None else self.matmul_tflops / rate
 
     def table_row(self) -> dict[str, object]:
         """The row the ladder's table shows: rung, change, tokens, time, rate and the limits."""
@@ -126,7 +150,9 @@ class RungResult:
         return row | {"ms/step (IQR)": f"{t.median * 1e3:.2f} ({t.iqr * 1e3:.2f})"
                       + (" NOISY" if t.noisy else ""),
                       "TFLOP/s": f"{u.tflops:.3g}", "MFU": percent(u.mfu),
-                      "of matmul": percent(u.of_matmul), "final loss": f"{self.final_loss:.4g}"}
+                      "of matmul": percent(u.of_matmul),
+                      "its matmuls, of the rate": percent(self.matmul_of_rate),
+                      "final loss": f"{self.final_loss:.4g}"}
 
     def as_dict(self) -> dict[str, object]:
         rung = dataclasses.asdict(self.rung)
@@ -143,7 +169,8 @@ class RungResult:
             out |= self.utilization.as_dict()
         if self.shares is not None:
             out |= {"time_shares": self.shares.shares, "shares_from": self.shares.source,
-                    "top_s_per_step": self.shares.top}
+                    "top_s_per_step": self.shares.top, "step_matmul_tflops": self.matmul_tflops,
+                    "step_matmul_of_matmul": self.matmul_of_rate}
         return out
 
 
@@ -209,9 +236,15 @@ def run_step(info: DeviceInfo, sizes: TransformerSizes, rung: Rung, ceiling: Cei
         result.shares = time_shares(profile_steps(step, info.device, steps=3, warmup=0))
     compute = compute_dtype(rung.compute, tf32="matmuls" in tf32_in_use(info))
     peak = peak_for(info.name, info.type)
-    flops = step_flops(lambda: (DecoderTransformer(config), tuple(
-                           torch.zeros(t.shape, dtype=t.dtype) for t in batches[0])),
-                       lambda m, x, y: sequence_loss(m(x), y))
+    def build() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+        return DecoderTransformer(config), tuple(torch.zeros(t.shape, dtype=t.dtype)
+                                                 for t in batches[0])
+
+    def loss(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return sequence_loss(m(x), y)
+
+    flops = step_flops(build, loss)
+    result.matmul_flops = step_flops(build, loss, WEIGHT_MATMULS)
     result.utilization = Utilization(flops, timing.median,
                                      peak.tflops.get(compute) if peak else None,
                                      matmul_rate_tflops(ceiling, compute))

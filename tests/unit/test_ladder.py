@@ -21,6 +21,7 @@ from amp_tutorial.ladder import (
     with_width,
 )
 from amp_tutorial.measure import Timing
+from amp_tutorial.mfu import Utilization
 from amp_tutorial.presets import get_preset
 
 CUDA = DeviceInfo(torch.device("cuda"), "CUDA 13.0", "NVIDIA H100 80GB HBM3",
@@ -61,9 +62,30 @@ def test_one_rung_measures_its_flops_rate_and_time_shares():
     assert u.flops > 0 and u.tflops == pytest.approx(u.flops / row.timing.median / 1e12)
     assert u.mfu is None and u.of_matmul is None  # no peak for a CPU, no ceiling given
     assert row.shares is not None and row.as_dict()["time_shares"] == row.shares.shares
+    # its own matmuls' rate: the weights' matmul FLOPs over the profile's matmul seconds
+    assert 0 < row.matmul_flops < u.flops and row.matmul_of_rate is None  # no ceiling given
+    assert row.matmul_tflops == pytest.approx(
+        row.matmul_flops / row.shares.seconds["matmul"] / 1e12)
     bigger = run_step(info, sizes, dataclasses.replace(row.rung, batch_scale=2), None,
                       max_steps=3, budget_s=0.1, profile=False)
     assert bigger.utilization.flops == 2 * u.flops  # twice the tokens, twice the model FLOPs
+
+
+def test_a_step_s_own_matmuls_are_read_against_the_measured_rate():
+    """The CPU ladder at width 2048 reached 42% of the bf16 matmul rate with 68% of its step in
+    matmuls: the matmuls themselves ran at 62% of the rate. Which part falls short is this."""
+    from amp_tutorial.step_profile import GROUPS, TimeShares
+
+    seconds = dict.fromkeys(GROUPS, 0.0) | {"matmul": 3.0, "attention": 1.5}
+    row = RungResult(Rung("AMP bf16", ""), 8192, timing=Timing((4.5,) * 3),
+                     utilization=Utilization(5e12, 4.5, None, 2.5),
+                     shares=TimeShares(seconds, 4.5, "CPU ops"), matmul_flops=int(4.8e12))
+    assert row.matmul_tflops == pytest.approx(1.6) and row.matmul_of_rate == pytest.approx(0.64)
+    assert row.as_dict()["step_matmul_of_matmul"] == pytest.approx(0.64)
+    unprofiled = dataclasses.replace(row, shares=None)
+    assert unprofiled.matmul_tflops is None and unprofiled.matmul_of_rate is None
+    no_rate = dataclasses.replace(row, utilization=Utilization(5e12, 4.5, None, None))
+    assert no_rate.matmul_tflops == pytest.approx(1.6) and no_rate.matmul_of_rate is None
 
 
 def test_the_ladder_runs_at_a_width_given_in_heads_of_64_channels():
