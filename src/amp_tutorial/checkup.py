@@ -60,13 +60,13 @@ from amp_tutorial.device import (
     tf32_state,
 )
 from amp_tutorial.measure import (
-    NOISY_SPREAD,
     StepTimer,
-    crowded,
+    busy,
     free_memory,
     peak_memory_bytes,
     reset_peak_memory,
     saved_activation_bytes,
+    why_noisy,
 )
 from amp_tutorial.nonfinite import first_nonfinite_module
 from amp_tutorial.steps import _amp_train_step
@@ -496,16 +496,10 @@ class Checkup:
         """Why the speedup is no result here (the course's timing rule, ``measure.Comparison``:
         a spread over ``NOISY_SPREAD`` of the median, or threads that waited for a CPU over
         ``CROWDED_SHARE`` of the time), or None."""
-        noisy = []
-        for mode in ("fp32", "amp"):
-            if self.timing_iqr_ms[mode] > NOISY_SPREAD * self.timing_ms[mode]:
-                noisy.append(f"{mode}'s spread is "
-                             f"{self.timing_iqr_ms[mode] / self.timing_ms[mode]:.0%} of its median")
-            elif why := crowded(self.timing_wait_share.get(mode)):
-                noisy.append(f"{mode}'s {why}")
-        if not noisy:
-            return None
-        return " and ".join(noisy) + f", more than {NOISY_SPREAD:.0%}: the machine was busy"
+        noisy = {mode: why for mode in ("fp32", "amp")
+                 if (why := why_noisy(self.timing_iqr_ms[mode] / self.timing_ms[mode],
+                                      self.timing_wait_share.get(mode)))}
+        return busy(noisy) if noisy else None
 
     def summary_rows(self) -> list[dict[str, object]]:
         return [

@@ -114,6 +114,21 @@ def crowded(wait_share: float | None) -> str | None:
     return f"threads waited for a CPU for {wait_share:.0%} of its time"
 
 
+def why_noisy(spread: float, wait_share: float | None) -> str | None:
+    """Why a timing's median says little (its IQR over its median, ``spread``, above
+    ``NOISY_SPREAD``, or threads that waited for a CPU over ``CROWDED_SHARE`` of the time), or
+    None. ``Timing.why_noisy``; the check-up reads it from the figures it keeps."""
+    if spread > NOISY_SPREAD:
+        return f"spread is {spread:.0%} of its median"
+    return crowded(wait_share)
+
+
+def busy(noisy: dict[str, str]) -> str:
+    """The one sentence for runs that are noise: ``{run name: why_noisy}``."""
+    said = " and ".join(f"{name}'s {why}" for name, why in noisy.items())
+    return f"{said}, more than {NOISY_SPREAD:.0%}: the machine was busy"
+
+
 @dataclass(frozen=True)
 class Timing:
     """Per-step wall times in seconds, with the statistics the course reports.
@@ -161,11 +176,8 @@ class Timing:
 
     @property
     def why_noisy(self) -> str | None:
-        """Why the median says little here (a spread over ``NOISY_SPREAD`` of it, or threads
-        that waited for a CPU over ``CROWDED_SHARE`` of the time), or None."""
-        if self.spread > NOISY_SPREAD:
-            return f"spread is {self.spread:.0%} of its median"
-        return crowded(self.wait_share)
+        """Why the median says little here (``why_noisy``), or None."""
+        return why_noisy(self.spread, self.wait_share)
 
     @property
     def noisy(self) -> bool:
@@ -217,7 +229,7 @@ class Comparison:
             return UNTIMED_PRESETS[self.preset]
         noisy = self.noisy_runs
         if noisy:
-            return _busy(noisy)
+            return busy(noisy)
         again = self.baseline_again
         if again is not None and abs(again.median / self.baseline.median - 1) > NOISY_SPREAD:
             return (f"{self.baseline_name} took {self.baseline.median * 1e3:.3g} ms per step "
@@ -235,7 +247,7 @@ class Comparison:
             return None
         noisy = {name: why for c in comparisons for name, why in c.noisy_runs.items()}
         others = [c.noise for c in comparisons if not c.noisy_runs]  # a small preset, a moved load
-        return "; ".join(dict.fromkeys(([_busy(noisy)] if noisy else []) + others))
+        return "; ".join(dict.fromkeys(([busy(noisy)] if noisy else []) + others))
 
     @property
     def stated(self) -> float | None:
@@ -253,11 +265,6 @@ class Comparison:
                   else f"{1 / self.ratio - 1:.0%} more time per step")
         return (f"{self.name} ran at {self.ratio:.2f}x the speed of {self.baseline_name} "
                 f"({change}; t_{self.baseline_name} / t, medians)")
-
-
-def _busy(noisy: dict[str, str]) -> str:
-    said = " and ".join(f"{name}'s {why}" for name, why in noisy.items())
-    return f"{said}, more than {NOISY_SPREAD:.0%}: the machine was busy"
 
 
 def timing_columns(timing: Timing, baseline: Timing, peak_bytes: int | None,
