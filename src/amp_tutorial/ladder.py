@@ -38,9 +38,9 @@ from amp_tutorial.mfu import (
     Peak,
     Utilization,
     compute_dtype,
+    op_flops,
     peak_for,
     percent,
-    step_flops,
 )
 from amp_tutorial.presets import TransformerSizes
 from amp_tutorial.reversal_task import ReversalTask, sequence_loss
@@ -243,8 +243,9 @@ def run_step(info: DeviceInfo, sizes: TransformerSizes, rung: Rung, ceiling: Cei
     def loss(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return sequence_loss(m(x), y)
 
-    flops = step_flops(build, loss)
-    result.matmul_flops = step_flops(build, loss, WEIGHT_MATMULS)
+    counts = op_flops(build, loss)
+    flops = sum(counts.values())
+    result.matmul_flops = sum(counts.get(op, 0) for op in WEIGHT_MATMULS)
     result.utilization = Utilization(flops, timing.median,
                                      peak.tflops.get(compute) if peak else None,
                                      matmul_rate_tflops(ceiling, compute))

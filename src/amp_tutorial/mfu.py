@@ -30,10 +30,10 @@ from torch.utils.flop_counter import FlopCounterMode
 WEIGHT_MATMULS = ("aten.mm", "aten.addmm")
 
 
-def step_flops(build: Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]],
-               loss: Callable[..., torch.Tensor], ops: tuple[str, ...] | None = None) -> int:
-    """Model FLOPs of one training step (forward, loss, backward), counted on ``meta`` tensors;
-    only those of the ATen ops named in ``ops`` where it is given (``WEIGHT_MATMULS``).
+def op_flops(build: Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]],
+             loss: Callable[..., torch.Tensor]) -> dict[str, int]:
+    """Model FLOPs of one training step (forward, loss, backward) per ATen op (``"aten.mm"``),
+    counted on ``meta`` tensors.
 
     ``build()`` makes the model and its inputs; it runs with ``meta`` as the default device, so
     nothing is allocated. ``loss(model, *inputs)`` computes the loss the step backpropagates.
@@ -42,9 +42,13 @@ def step_flops(build: Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ..
         model, inputs = build()
     with FlopCounterMode(display=False) as counter:
         loss(model, *inputs).backward()
-    if ops is None:
-        return int(counter.get_total_flops())
-    return int(sum(n for op, n in counter.get_flop_counts()["Global"].items() if str(op) in ops))
+    return {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
+
+
+def step_flops(build: Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]],
+               loss: Callable[..., torch.Tensor]) -> int:
+    """Model FLOPs of one training step: ``op_flops`` summed over the ops."""
+    return sum(op_flops(build, loss).values())
 
 
 @dataclass(frozen=True)

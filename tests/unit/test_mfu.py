@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from amp_tutorial.mfu import WEIGHT_MATMULS, Utilization, compute_dtype, peak_for, step_flops
+from amp_tutorial.mfu import (
+    WEIGHT_MATMULS,
+    Utilization,
+    compute_dtype,
+    op_flops,
+    peak_for,
+    step_flops,
+)
 from amp_tutorial.presets import get_preset
 from amp_tutorial.reversal_task import sequence_loss
 from amp_tutorial.transformer import DecoderTransformer, TransformerConfig
@@ -38,9 +45,11 @@ def test_the_transformer_step_counts_as_its_formula(preset):
                                                 t.seq_len)
     if preset == "paper":
         assert round(counted / 1e12, 2) == 2.17  # issue 45's figure
-    weights = step_flops(lambda: (DecoderTransformer(config), (
+    per_op = op_flops(lambda: (DecoderTransformer(config), (
         torch.zeros(t.batch, t.seq_len, dtype=torch.long),) * 2),
-        lambda m, x, y: sequence_loss(m(x), y), WEIGHT_MATMULS)
+        lambda m, x, y: sequence_loss(m(x), y))
+    assert sum(per_op.values()) == counted
+    weights = sum(per_op[op] for op in WEIGHT_MATMULS)
     # the weights' matmuls alone: the formula without its attention term
     assert weights == transformer_flops_by_hand(t.d_model, t.n_layers, t.n_symbols + 1, t.batch,
                                                 t.seq_len) - 12 * t.batch * t.seq_len ** 2 * (
