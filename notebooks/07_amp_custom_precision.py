@@ -149,8 +149,7 @@ with torch.autocast(info.type, dtype=amp_dtype):
     prediction = model.layers[-1](features)
 model.train()
 print(f"features {features.dtype}, gram {gram.dtype}, prediction {prediction.dtype}")
-# the features end in BatchNorm + ReLU: 16-bit, except on MPS, whose autocast runs batch_norm
-# in fp32 (lesson 04)
+# the features end in BatchNorm + ReLU: 16-bit, except on MPS (its autocast: batch_norm fp32)
 assert features.dtype == (torch.float32 if info.type == "mps" else amp_dtype)
 assert prediction.dtype == amp_dtype
 assert gram.dtype == torch.float32 and gram.isfinite().all()
