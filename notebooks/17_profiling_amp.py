@@ -362,8 +362,9 @@ if beyond:  # a busy machine, or a dtype emulated here
 # The figures: each rung's MFU (with the 40% goal, where there is a datasheet peak) or share of
 # the matmul rate, whiskers the IQR; a rung without a bar (left out, not offered here, or with no
 # measure to read it by, such as a bf16 rung where bf16 is emulated) is named under the bars with
-# the reason its row gives. Then each step split into matmuls, attention, memory-bound ops (norms,
-# adds, casts), the optimizer and *idle* (no kernel ran on a GPU; no op on a CPU).
+# the reason its row gives; a rung whose row says NOISY is drawn pale, with why: no result. Then
+# each step split into matmuls, attention, memory-bound ops (norms, adds, casts), the optimizer
+# and *idle* (no kernel ran on a GPU; no op on a CPU).
 
 # %%
 from amp_tutorial.ladder import ladder_figures, ladder_report

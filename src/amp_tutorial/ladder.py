@@ -32,7 +32,13 @@ import torch
 
 from amp_tutorial.ceiling import Ceiling
 from amp_tutorial.device import DeviceInfo, dtype_name, tf32_in_use
-from amp_tutorial.measure import Timing, free_memory, fresh_compile_cache, time_steps
+from amp_tutorial.measure import (
+    Timing,
+    free_memory,
+    fresh_compile_cache,
+    time_steps,
+    why_noisy,
+)
 from amp_tutorial.mfu import (
     WEIGHT_MATMULS,
     Peak,
@@ -441,7 +447,9 @@ def ladder_figures(report: dict) -> dict[str, object]:
                                              if missing else "")
         figures["ladder"] = plot_utilization(
             [(label(r), r[key], r[key] * r["iqr_s"] / r["median_s"]) for r in ran], measure,
-            title, MFU_GOAL if peak else None, missing=missing)
+            title, MFU_GOAL if peak else None, missing=missing,
+            noisy={label(r): why_noisy(r["iqr_s"] / r["median_s"], r.get("wait_share"))
+                   or "its timing is noisy" for r in ran if r.get("noisy")})
     shares = {r["name"]: r["time_shares"] for r in rungs
               if r.get("time_shares")}  # every profiled rung, with a limit to read it by or not
     if shares:  # a rung skipped or not profiled is named under the bars, with why

@@ -409,12 +409,17 @@ GROUP_COLOURS: dict[str, str] = {  # amp_tutorial.step_profile.GROUPS: no dtype'
 
 def plot_utilization(rows: Sequence[tuple[str, float, float | None]], measure: str,
                      title: str, goal: float | None = None,
-                     missing: Sequence[tuple[str, str]] = ()) -> Figure:
+                     missing: Sequence[tuple[str, str]] = (),
+                     noisy: Mapping[str, str] | None = None) -> Figure:
     """One horizontal bar per rung (label, share, quartile spread as a share or None), in the
     colour of the dtype its label names, the share printed at its end; ``goal`` as a line.
     ``missing``: (rung, why) for each rung without a bar, listed under the axis by reason, so a
-    reader sees which rungs are absent and why (with no bar at all, the axis says so)."""
-    note = _missing_note(missing)
+    reader sees which rungs are absent and why (with no bar at all, the axis says so).
+    ``noisy``: rung label -> why its timing is noise (``measure.why_noisy``): its bar is drawn
+    pale and the reason listed under the axis, as no result."""
+    noisy = noisy or {}
+    note = "\n".join(filter(None, [_missing_note(missing), _missing_note(
+        list(noisy.items()), heading="Pale, timed while the machine was busy (no result):")]))
     note_lines = note.count("\n") + 1 if note else 0
     height = 0.45 * max(len(rows), 1) + 1.4 + 0.13 * note_lines
     fig, ax = plt.subplots(figsize=(7, height))
@@ -423,6 +428,9 @@ def plot_utilization(rows: Sequence[tuple[str, float, float | None]], measure: s
     errors = [r[2] or 0.0 for r in rows][::-1]
     bars = ax.barh(range(len(rows)), values, xerr=errors, capsize=3, ecolor=MARKS["normal"],
                    color=[colour_for(label) for label in labels])
+    for bar, label in zip(bars, labels, strict=True):
+        if label in noisy:
+            bar.set_alpha(0.45)
     ax.bar_label(bars, labels=[f"{v:.1%}" for v in values], padding=4, fontsize=8)
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     if not rows:
@@ -445,14 +453,15 @@ def plot_utilization(rows: Sequence[tuple[str, float, float | None]], measure: s
     return fig
 
 
-def _missing_note(missing: Sequence[tuple[str, str]], width: int = 110) -> str:
-    """"Not drawn:" and one wrapped line per reason, naming the rungs it applies to, in order."""
+def _missing_note(missing: Sequence[tuple[str, str]], width: int = 110,
+                  heading: str = "Not drawn:") -> str:
+    """``heading`` and one wrapped line per reason, naming the rungs it applies to, in order."""
     by_reason: dict[str, list[str]] = {}
     for name, why in missing:
         by_reason.setdefault(why, []).append(name)
     if not by_reason:
         return ""
-    lines = ["Not drawn:"]
+    lines = [heading]
     for why, names in by_reason.items():
         lines.append(textwrap.fill(f"{', '.join(names)}: {why}", width, initial_indent="- ",
                                    subsequent_indent="  ", break_long_words=False))

@@ -184,6 +184,29 @@ def test_the_figures_come_from_a_saved_report_and_name_each_rungs_peak():
     assert not drawn["time-shares"].texts  # all profiled: no note
 
 
+def test_a_rung_timed_while_the_machine_was_busy_is_drawn_pale_with_why():
+    """Lesson 17 rendered beside CI: every rung NOISY in its table, yet the ladder figure drew
+    each share of the matmul rate as a result (pure bf16 at 51.8%, fp32 at 30.0%)."""
+    from amp_tutorial.ladder import ladder_figures
+
+    quiet = {"name": "fp32", "of_matmul": 0.7, "median_s": 0.3, "iqr_s": 0.01, "noisy": False,
+             "wait_share": 0.01}
+    busy = {"name": "AMP bf16", "of_matmul": 0.3, "median_s": 0.1, "iqr_s": 0.01,
+            "noisy": True, "wait_share": 1.0}
+    spread = {"name": "pure bf16 + batch x4", "of_matmul": 0.5, "median_s": 0.4,
+              "iqr_s": 0.2, "noisy": True}  # no wait_share: a report from before it
+    fig = ladder_figures({"peak": None, "device_name": "CPU", "ladder": [quiet, busy, spread],
+                          "sweep": []})["ladder"]
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    alpha = {label: bar.get_alpha() for label, bar in zip(labels, ax.patches, strict=True)}
+    assert alpha == {"fp32": None, "AMP bf16": 0.45, "pure bf16 + batch x4": 0.45}
+    note = " ".join(t.get_text() for t in fig.texts).replace("\n  ", " ")
+    assert note.startswith("Pale, timed while the machine was busy (no result):")
+    assert "AMP bf16: threads waited for a CPU for 100% of its time" in note
+    assert "pure bf16 + batch x4: spread is 50% of its median" in note and "fp32" not in note
+
+
 def test_without_compiling_the_rungs_built_on_compile_run_eager(monkeypatch):
     import amp_tutorial.ladder as ladder
 
