@@ -151,15 +151,31 @@ SETTLE = ("import gc as _g, sys as _s\n_s.last_type = _s.last_value = _s.last_tr
           "del _ip\n_g.collect()\nprint('settled')")
 
 
+# SETTLE is the course's cell, not the lesson's: the lesson's short --interrupt-after is no limit
+# for it. The kernel answers it only once the interrupted cell has stopped and its traceback is
+# printed, which a loaded machine (or a cell cleaning up after the interrupt) can make slow.
+SETTLE_TIMEOUT_S = 60
+
+
 def _settle_after_interrupt(client: NotebookClient, index: int, tries: int = 600) -> None:
     """Wait until the interrupted cell has stopped: the kernel aborts requests that reach it
-    before the interrupt lands (a long kernel call finishes first), so send SETTLE until it runs."""
-    for _ in range(tries):
-        cell = nbformat.v4.new_code_cell(SETTLE)
-        client.execute_cell(cell, index)
-        if any("settled" in o.get("text", "") for o in cell.outputs):
-            return
-        time.sleep(1)
+    before the interrupt lands (a long kernel call finishes first), so send SETTLE until it runs;
+    one that times out too (the interrupted cell still stopping) is sent again."""
+    limit, client.timeout = client.timeout, max(client.timeout or 0, SETTLE_TIMEOUT_S)
+    try:
+        for _ in range(tries):
+            cell = nbformat.v4.new_code_cell(SETTLE)
+            try:
+                client.execute_cell(cell, index)
+            except CellExecutionError as exc:
+                if exc.ename != "CellTimeoutError":
+                    raise
+                continue  # timed out and interrupted in turn: send it again
+            if any("settled" in o.get("text", "") for o in cell.outputs):
+                return
+            time.sleep(1)
+    finally:
+        client.timeout = limit
 
 
 def run_notebook(notebook: NotebookNode, folder: Path, env: dict[str, str], timeout: int,

@@ -126,3 +126,22 @@ def test_interrupt_after_cuts_a_long_cell_and_the_run_goes_on(tmp_path: Path) ->
     assert row["live_bytes"] == 2 * MIB  # `local` went with the traceback; `after` was made
     assert row["peak_bytes"] == 6 * MIB  # not 8: never alive together
     assert row["seconds"] < 60
+
+
+def test_a_cell_slow_to_stop_after_the_interrupt_does_not_stop_the_run(tmp_path: Path) -> None:
+    """The kernel answers the course's settle cell only after the interrupted cell has stopped.
+    nbclient waits 4 s for an interrupted cell's output, then sends the next request; a cell that
+    takes longer than that and --interrupt-after together to stop (here it cleans up for 10 s; CI
+    saw a loaded machine take as long to print a traceback) must not make the settle cell time
+    out and end the run."""
+    cells = ["import time",
+             "try:\n    time.sleep(120)\nexcept KeyboardInterrupt:\n    time.sleep(10)\n    raise",
+             "import torch\nafter = torch.empty(2 * 2**20, dtype=torch.uint8)"]
+    lesson = write_lesson(tmp_path / "notebooks", "01", cells)
+    report = tmp_path / "report.json"
+    assert main(["--notebooks", str(lesson.parent), "--interrupt-after", "3",
+                 "--json", str(report)]) == 0
+    (row,) = json.loads(report.read_text())["lessons"]
+    assert row["raised"] == [{"cell": "code cell 2 of 3 (starting 'try:')",
+                              "error": "CellTimeoutError: interrupted after 3 s"}]
+    assert row["live_bytes"] == 2 * MIB  # the cell after it ran
