@@ -109,6 +109,17 @@ def test_every_lesson_given_more_steps_exists() -> None:
     assert all(steps > StepCaps.steps for steps in ASSERT_STEPS.values())
 
 
+def measure_interrupting(tmp_path: Path, cells: list[str], seconds: int) -> dict:
+    """The memory tool's report row for a made-up lesson of ``cells``, run with
+    ``--interrupt-after seconds``."""
+    lesson = write_lesson(tmp_path / "notebooks", "01", cells)
+    report = tmp_path / "report.json"
+    assert main(["--notebooks", str(lesson.parent), "--interrupt-after", str(seconds),
+                 "--json", str(report)]) == 0
+    (row,) = json.loads(report.read_text())["lessons"]
+    return row
+
+
 def test_interrupt_after_cuts_a_long_cell_and_the_run_goes_on(tmp_path: Path) -> None:
     """A cell past --interrupt-after is interrupted and named; what it held is freed (IPython's
     traceback would keep the interrupted frame alive); the next cell runs in the same kernel."""
@@ -116,11 +127,7 @@ def test_interrupt_after_cuts_a_long_cell_and_the_run_goes_on(tmp_path: Path) ->
              "def train():\n    local = torch.empty(6 * 2**20, dtype=torch.uint8)\n"
              "    time.sleep(120)\ntrain()",
              "after = torch.empty(2 * 2**20, dtype=torch.uint8)"]
-    lesson = write_lesson(tmp_path / "notebooks", "01", cells)
-    report = tmp_path / "report.json"
-    assert main(["--notebooks", str(lesson.parent), "--interrupt-after", "5",
-                 "--json", str(report)]) == 0
-    (row,) = json.loads(report.read_text())["lessons"]
+    row = measure_interrupting(tmp_path, cells, 5)
     assert row["raised"] == [{"cell": "code cell 2 of 3 (starting 'def train():')",
                               "error": "CellTimeoutError: interrupted after 5 s"}]
     assert row["live_bytes"] == 2 * MIB  # `local` went with the traceback; `after` was made
@@ -137,11 +144,7 @@ def test_a_cell_slow_to_stop_after_the_interrupt_does_not_stop_the_run(tmp_path:
     cells = ["import time",
              "try:\n    time.sleep(120)\nexcept KeyboardInterrupt:\n    time.sleep(10)\n    raise",
              "import torch\nafter = torch.empty(2 * 2**20, dtype=torch.uint8)"]
-    lesson = write_lesson(tmp_path / "notebooks", "01", cells)
-    report = tmp_path / "report.json"
-    assert main(["--notebooks", str(lesson.parent), "--interrupt-after", "3",
-                 "--json", str(report)]) == 0
-    (row,) = json.loads(report.read_text())["lessons"]
+    row = measure_interrupting(tmp_path, cells, 3)
     assert row["raised"] == [{"cell": "code cell 2 of 3 (starting 'try:')",
                               "error": "CellTimeoutError: interrupted after 3 s"}]
     assert row["live_bytes"] == 2 * MIB  # the cell after it ran
