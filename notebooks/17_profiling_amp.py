@@ -397,6 +397,11 @@ figures = ladder_figures(ladder_report(info, ceiling, rows))  # drawn from the n
 # lower peak. **Larger matmuls are what keep tensor cores busy.** Eager rungs of a launch-bound
 # step vary too: an earlier run that day gave AMP fp16 14.5 ms and compile 17.6 ms; eager
 # numbers varied by ~40% between the two runs. That is why the ladder prints IQRs.
+#
+# **And on CPUs** (`pdm run ladder --device cpu --preset cpu`, docs/benchmark.md): on an AMD Zen 4
+# with avx512_bf16 (bf16 matmuls 2.2x as fast as fp32's) the best rung reached 80% of the bf16
+# matmul rate; on an Intel Xeon with AMX (6x) 26-33%. The faster the matmul unit, the more the
+# rest of the step (attention, norms, casts, the optimizer) decides its time: Amdahl's law.
 
 # %% [markdown]
 # ## Try it
