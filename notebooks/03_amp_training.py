@@ -58,7 +58,7 @@ from amp_tutorial.measure import (
     StepTimer,
     peak_memory_bytes,
     reset_peak_memory,
-    saved_activation_bytes,
+    saved_bytes,
     timing_columns,
 )
 from amp_tutorial.models import ConvModel
@@ -113,12 +113,11 @@ fig = plot_image(targets, "Target: quantized 2D sinusoid, frequency (4, 2), 4 le
 sample_model = ConvModel(preset.hidden, preset.n_hidden_layers)
 sample_model = sample_model.to(info.device, memory_format=MEMORY_FORMAT)
 param_bytes = sum(p.numel() * p.element_size() for p in sample_model.parameters())
-act_bytes = saved_activation_bytes(
-    lambda: torch.nn.functional.mse_loss(sample_model(inputs), targets))
+saved = saved_bytes(
+    lambda: torch.nn.functional.mse_loss(sample_model(inputs), targets), sample_model)
 print(sample_model)
-print(f"weights: {param_bytes / 2**20:.2f} MB; "
-      f"tensors saved for backward: {act_bytes / 2**20:.2f} MB")
-assert act_bytes > param_bytes
+print(f"weights: {param_bytes / 2**20:.2f} MB; saved for backward: {saved}")
+assert saved.activations > param_bytes
 
 # %% [markdown]
 # ## How we measure (and what the original blog got wrong)
@@ -147,7 +146,9 @@ assert act_bytes > param_bytes
 #
 # Peak memory is **reset** before each run (and the previous run's tensors freed), and read from
 # PyTorch's caching allocator on GPUs. On CPU there is no allocator counter, so we also count what
-# AMP actually shrinks on every device: the bytes of tensors autograd **saves for backward**.
+# AMP changes on every device: the bytes of tensors autograd **saves for backward**, split into
+# activations (what AMP halves) and autocast's 16-bit copies of the weights (what AMP adds). The
+# fp32 weights that backward also keeps exist in every mode, so they are left out (`saved_bytes`).
 
 # %% [markdown]
 # ## 1. The fp32 baseline
@@ -175,7 +176,7 @@ def after_training(model, amp_dtype=None):
                             enabled=amp_dtype is not None):
             loss_fn(model(inputs), targets)
 
-    return {"peak": peak, "saved": saved_activation_bytes(forward_and_loss),
+    return {"peak": peak, "saved": saved_bytes(forward_and_loss, model),
             "prediction": predict(model)}
 
 
@@ -275,8 +276,9 @@ base = runs[baseline_name]
 results = pd.DataFrame({
     name: {
         **timing_columns(r["timing"], base["timing"], r["peak"], preset.name),
-        "saved activations (MB)": r["saved"] / 2**20,
-        "activations vs fp32": r["saved"] / base["saved"],
+        "saved activations (MB)": r["saved"].activations / 2**20,
+        "cast weights (MB)": r["saved"].cast_weights / 2**20,
+        "activations vs fp32": r["saved"].activations / base["saved"].activations,
         "final loss": r["losses"][-1],
     }
     for name, r in runs.items()
@@ -301,7 +303,7 @@ for name, r in runs.items():
     assert r["losses"][-1] < r["losses"][0], f"{name}: the loss did not go down"
     assert torch.isfinite(torch.tensor(r["losses"])).all(), f"{name}: non-finite loss"
     if name != baseline_name:
-        ratio = r["saved"] / base["saved"]
+        ratio = r["saved"].activations / base["saved"].activations
         limit = 1.3 if info.type == "mps" else 0.55  # MPS keeps BatchNorm in fp32: section 4
         assert ratio <= limit, f"{name} saved {ratio:.2f} of fp32's activation bytes"
         assert r["losses"][-1] < 2 * base["losses"][-1] + 0.01, f"{name} trained much worse"
@@ -313,6 +315,31 @@ for c in comparisons:
     cause = ", because bf16 is not native here" if emulated and c.ratio < 1 else ""
     print(f"  {c}{cause if c.stated else ''}; it kept "
           f"{results.loc[c.name, 'activations vs fp32']:.0%} of fp32's activation bytes")
+
+# %% [markdown]
+# ### When AMP adds memory
+#
+# This network's activations dwarf its weights. Turn that round: four 1024x1024 `Linear` layers
+# on a batch of 2. In fp32, backward keeps the weights themselves, which exist anyway; under
+# autocast it keeps the 16-bit copies autocast made of them, new memory (three of the four: the
+# first layer's input needs no gradient, so its weight is not kept). The activations halve, but
+# two rows of them are nothing beside 6 MB of copies. A batch of 1024 tips it back: the
+# activations grow with the batch, the copies do not. So does keeping the weights themselves in
+# bf16 (lesson 15: then there is no copy).
+
+# %%
+wide = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)]).to(info.device)
+low = info.amp_dtypes[0]
+for batch in (2, 1024):
+    x = torch.randn(batch, 1024, device=info.device)
+    fp32_saved = saved_bytes(lambda: wide(x).sum(), wide)
+    with torch.autocast(info.type, dtype=low):
+        amp_saved = saved_bytes(lambda: wide(x).sum(), wide)
+    print(f"batch {batch}: fp32 {fp32_saved}
+{'':>9}AMP {dtype_name(low)} {amp_saved}")
+    assert amp_saved.cast_weights == 3 * 1024 * 1024 * low.itemsize  # independent of the batch
+    assert (amp_saved.new > fp32_saved.new) == (batch == 2)  # more at batch 2, less at 1024
+del wide, x
 
 # %% [markdown]
 # ### The ceiling: how much faster can a step get on this device?
@@ -378,14 +405,14 @@ fig = plot_outputs(predictions, "Target and each run's prediction (same colour s
 # Which tensors autograd saves, and in which dtype, is autocast's decision, so it can be counted
 # for a GPU on any machine: the model and the image are built as **fake** CUDA tensors (shapes and
 # dtypes, no data) and run through PyTorch's own dispatcher with CUDA's autocast switched on
-# (`saved_activation_bytes_on`). **MPS differs**: its autocast keeps `batch_norm` in float32
+# (`saved_bytes_on`). **MPS differs**: its autocast keeps `batch_norm` in float32
 # (`KERNEL_MPS(batch_norm, fp32)` in `aten/src/ATen/autocast_mode.cpp`), so there BatchNorm saves
 # fp32 inputs next to the convolutions' 16-bit copies, and AMP saves *more* than fp32 for this
 # network (about 1.24x, estimated by emulating that rule on a CPU). Autograd cannot run on fake
 # MPS tensors in this torch build, so for MPS the dispatcher's registry is read instead.
 
 # %%
-from amp_tutorial.autocast_policy import fake_autograd_problem, saved_activation_bytes_on
+from amp_tutorial.autocast_policy import fake_autograd_problem, saved_bytes_on
 
 
 def build_model():
@@ -400,9 +427,9 @@ def image_batch(device):
 # a CPU-only torch build has no fake CUDA autograd; torch 2.9's fake random init needs a driver
 why_not = fake_autograd_problem("cuda")
 if why_not is None:
-    fake_cuda = {dtype_name(d): saved_activation_bytes_on("cuda", build_model, image_batch, d)
+    fake_cuda = {dtype_name(d): saved_bytes_on("cuda", build_model, image_batch, d).activations
                  for d in (None, torch.float16, torch.bfloat16)}
-    print(f"saved for backward under CUDA's autocast (fake tensors, preset {preset.name}): "
+    print(f"activations saved under CUDA's autocast (fake tensors, preset {preset.name}): "
           + ", ".join(f"{k} {v / 2**20:.2f} MB" for k, v in fake_cuda.items()))
     for low in ("fp16", "bf16"):
         assert 0.45 < fake_cuda[low] / fake_cuda["fp32"] <= 0.55  # halved on CUDA and ROCm too
@@ -442,7 +469,9 @@ assert has_rule == {"cpu": False, "cuda": False, "xpu": False, "mps": True}
 # - Measure with warm-up, device synchronisation and per-step medians, and reset peak memory
 #   between runs; name the baseline (TF32 or strict fp32).
 # - AMP halves the activation memory on CPU, CUDA/ROCm and XPU (asserted above, here and under
-#   CUDA's policy); on MPS, where BatchNorm stays fp32, this network saves more. Time depends on the
+#   CUDA's policy); on MPS, where BatchNorm stays fp32, this network saves more. It adds 16-bit
+#   copies of the weights: where weights outweigh activations (large layers, a small batch), AMP
+#   holds more than fp32. Time depends on the
 #   hardware: measured at the `cpu` preset, bf16 trained 2.0x faster than fp32 on a 2-core EPYC
 #   (Zen 4) with AVX512-BF16, of a 2.2x bf16 matmul ceiling there, and slower than fp32 on a CPU
 #   without native bf16 (docs/benchmark.md). Your run's gain and ceiling are printed above.

@@ -45,7 +45,7 @@ from torch import nn
 
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import device_line, dtype_name, select_device, tf32_state
-from amp_tutorial.measure import saved_activation_bytes
+from amp_tutorial.measure import saved_bytes
 from amp_tutorial.models import seeded_conv_model
 from amp_tutorial.nonfinite import NonFiniteLossError, check_finite_loss, first_nonfinite_module
 from amp_tutorial.presets import get_preset
@@ -316,7 +316,7 @@ def memory_breakdown(use_amp: bool) -> dict[str, float]:
         with torch.autocast(info.type, dtype=amp_dtype, enabled=use_amp):
             return loss_fn(model(inputs), targets)
 
-    activations = saved_activation_bytes(forward_and_loss)
+    saved = saved_bytes(forward_and_loss, model)  # the fp32 weights it keeps are counted above
     forward_and_loss().backward()
     optimizer.step()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -324,7 +324,7 @@ def memory_breakdown(use_amp: bool) -> dict[str, float]:
     state = sum(t.numel() * t.element_size() for s in optimizer.state.values()
                 for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
     return {"weights": weights, "gradients": gradients, "Adam state": state,
-            "saved activations": activations}
+            "saved activations": saved.activations, "cast weights": saved.cast_weights}
 
 
 # %%
@@ -340,7 +340,7 @@ print(f"activations {ratio['saved activations']:.2f}x, total {ratio['total']:.2f
 memory.round(3).rename(columns=lambda c: f"{c} (MB)")
 
 # %% [markdown]
-# The weight copies are in the saved activations above. Here they are, watched by weak reference:
+# The weight copies are the cast weights row above. Here they are, watched by weak reference:
 # alive after the autocast region has ended, gone once backward has run.
 
 # %%
@@ -392,4 +392,5 @@ assert all(copy() is None for copy in copies)  # freed with the graph
 #   fp16 (Apex O3) with a GradScaler raises "Attempting to unscale FP16 gradients."
 # - A non-finite loss is a forward-pass problem: stop, find the first module, fix the cause.
 # - No speedup: check the problem size, multiples of 8, the TF32 baseline and warm-up.
-# - AMP halves saved activations; weights, gradients and optimizer state stay fp32.
+# - AMP halves saved activations and adds 16-bit weight copies; weights, gradients and optimizer
+#   state stay fp32.

@@ -54,7 +54,7 @@ from amp_tutorial.measure import (
     StepTimer,
     peak_memory_bytes,
     reset_peak_memory,
-    saved_activation_bytes,
+    saved_bytes,
     timing_columns,
 )
 from amp_tutorial.plots import plot_bars, plot_block_dtypes, plot_losses
@@ -115,7 +115,7 @@ def saved_and_accuracy(model, amp_dtype):
     """Bytes a trained model saves for backward in one forward + loss, and held-out accuracy."""
     with torch.autocast(device_type=info.type, dtype=amp_dtype or torch.float32,
                         enabled=amp_dtype is not None):
-        saved = saved_activation_bytes(lambda: sequence_loss(model(inputs), targets))
+        saved = saved_bytes(lambda: sequence_loss(model(inputs), targets), model)
     return {"saved": saved, "accuracy": sequence_accuracy(model, test_batches, amp_dtype)}
 
 
@@ -175,8 +175,9 @@ base = runs[baseline]
 results = pd.DataFrame({
     name: {
         **timing_columns(r["timing"], base["timing"], r["peak"], preset.name),
-        "saved activations (MB)": r["saved"] / 2**20,
-        "activations vs fp32": r["saved"] / base["saved"],
+        "saved activations (MB)": r["saved"].activations / 2**20,
+        "cast weights (MB)": r["saved"].cast_weights / 2**20,
+        "activations vs fp32": r["saved"].activations / base["saved"].activations,
         "final loss": r["losses"][-1],
         "held-out accuracy": r["accuracy"],
     }
@@ -214,7 +215,8 @@ for name, r in runs.items():
     assert all(torch.isfinite(torch.tensor(r["losses"]))), f"{name}: non-finite loss"
     if name != baseline:
         limit = 0.6 if fused[name] else 0.85
-        assert r["saved"] / base["saved"] <= limit, f"{name}: {r['saved'] / base['saved']:.2f}"
+        kept = r["saved"].activations / base["saved"].activations
+        assert kept <= limit, f"{name}: {kept:.2f}"
         assert abs(r["accuracy"] - base["accuracy"]) <= 0.01, f"{name} vs {baseline} accuracy"
         if r["peak"] is not None:
             assert r["peak"] < base["peak"], f"{name}: allocator peak not below fp32"

@@ -53,7 +53,7 @@ from amp_tutorial.measure import (
     Comparison,
     peak_memory_bytes,
     reset_peak_memory,
-    saved_activation_bytes,
+    saved_bytes,
     time_steps,
 )
 from amp_tutorial.presets import get_preset
@@ -238,7 +238,7 @@ elif info.type == "cuda" and torch.version.hip is None:
 # backward; the fused kernels do not. Measured at this preset's attention size, forward and
 # backward, the default kernel against math forced with `sdpa_kernel(SDPBackend.MATH)`: each
 # step is timed with the course's `time_steps` (median and quartiles of the timed steps, after
-# one untimed warm-up), and the bytes autograd saves are counted with `saved_activation_bytes`
+# one untimed warm-up), and the bytes autograd saves are counted with `saved_bytes`
 # (`amp_tutorial.attention.attention_cost` measures the same in one call, but keeps only the
 # median and IQR, and the time comparison below needs the steps themselves).
 
@@ -272,7 +272,7 @@ for dt in dtypes:
         peak = peak_memory_bytes(info.device)
         cost[run] = {"time fwd+bwd median (ms)": timings[run].median * 1e3,
                      "IQR (ms)": timings[run].iqr * 1e3,
-                     "saved for backward (MB)": saved_activation_bytes(attend) / 2**20,
+                     "saved for backward (MB)": saved_bytes(attend).new / 2**20,
                      "peak (MB)": peak / 2**20 if peak is not None else float("nan")}
         print(f"{run}: {timings[run]}")
 cost = pd.DataFrame(cost).T

@@ -51,7 +51,7 @@ from amp_tutorial.device import (
     set_strict_fp32,
 )
 from amp_tutorial.kernels import has_device_kernel
-from amp_tutorial.measure import op_dtype_rows, optimizer_step_events, saved_activation_bytes
+from amp_tutorial.measure import op_dtype_rows, optimizer_step_events, saved_bytes
 from amp_tutorial.models import course_models
 from amp_tutorial.op_profile import events_with_dtypes
 from amp_tutorial.plots import plot_op_times
@@ -189,7 +189,8 @@ fig = plot_op_times(op_dtype_rows(events["transformer"]),
 # record, and `_dump_snapshot` writes a file that https://pytorch.org/memory_viz draws. These are
 # underscore APIs: documented on PyTorch's "Understanding CUDA Memory Usage" page, but they may
 # change. On every device, including the CPU, the course counts the bytes autograd saves for
-# backward (`saved_activation_bytes`), which is the memory autocast halves.
+# backward (`saved_bytes`): the activations, which autocast halves, apart from the 16-bit
+# weight copies it adds (the fp32 weights backward keeps exist anyway and are left out).
 
 # %%
 if info.type == "cuda":
@@ -212,7 +213,7 @@ else:
 
 
 # %%
-def saved_mb(model_name, autocast_on):
+def saved_for_backward(model_name, autocast_on):
     make_model, inputs, targets, loss_fn = MODELS[model_name]
     model = make_model()
 
@@ -220,17 +221,20 @@ def saved_mb(model_name, autocast_on):
         with torch.autocast(info.type, dtype=LOW, enabled=autocast_on):
             loss_fn(model(inputs), targets)
 
-    return saved_activation_bytes(forward_and_loss) / 2**20
+    return saved_bytes(forward_and_loss, model)
 
 
-saved = {name: {"fp32": saved_mb(name, False), f"AMP {low}": saved_mb(name, True)}
-         for name in MODELS}
+saved = {}
+for name in MODELS:
+    fp32, amp = saved_for_backward(name, False), saved_for_backward(name, True)
+    saved[name] = {"fp32": fp32.activations / 2**20, f"AMP {low}": amp.activations / 2**20,
+                   "AMP cast weights": amp.cast_weights / 2**20}
 saved = pd.DataFrame(saved).T
 saved["ratio"] = saved[f"AMP {low}"] / saved["fp32"]
 # MPS autocast keeps batch_norm in fp32 (KERNEL_MPS(batch_norm, fp32)): the ConvModel saves more
 assert saved.loc["ConvModel", "ratio"] <= (1.3 if info.type == "mps" else 0.55)
 assert saved.loc["transformer", "ratio"] < 1
-print("tensors saved for backward (MB) in one forward + loss:")
+print("activations saved for backward (MB) in one forward + loss, and AMP's weight copies:")
 saved.round(3)
 
 # %% [markdown]

@@ -47,6 +47,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from amp_tutorial.autocast_policy import has_autocast_kernel
 from amp_tutorial.ceiling import SIZES, matmul_ceiling
 from amp_tutorial.checkup import FP16_MAX, FP16_TINY, CheckupError, amp_checkup
 from amp_tutorial.device import device_line, dtype_name, select_device
@@ -158,7 +159,9 @@ payoff
 # outputs values past 65504 and the `LayerNorm` after it brings them back to a few units. In
 # fp32 and in bf16, whose exponent range is fp32's, that is fine. In fp16, the dtype NVIDIA and
 # AMD GPUs use by default, the first layer gives `inf`. The check-up runs in fp16 here whatever
-# your device prefers (the CPU runs the GPU's fp16 path too), because that is the hazard.
+# your device prefers, because that is the hazard. CPU autocast has fp16 too, with the CPU's op
+# lists: the `LayerNorm` runs in fp16 here and in fp32 under a GPU's autocast (checked below).
+# The `Linear` before it is lowered on both, so it overflows on both.
 
 # %%
 class Counts(nn.Module):
@@ -178,6 +181,8 @@ torch.manual_seed(0)
 hazard = amp_checkup(Counts().to(info.device), (counts, target), nn.functional.mse_loss,
                      dtype=torch.float16, steps=STEPS, ceiling=ceiling)
 assert hazard.fp16_overflows == ["stem.0"] and hazard.flagged == ["stem.0"]
+assert has_autocast_kernel("aten::layer_norm", "cuda") and not has_autocast_kernel(
+    "aten::layer_norm", "cpu")  # fp32 on a GPU, the dtype it is given on a CPU
 assert not hazard.agrees and not math.isfinite(hazard.loss_rel_gap)
 assert hazard.first_nonfinite.startswith("stem.0 (Linear)")
 stem_max = next(r.act_max for r in hazard.ranges if r.module == "stem.0")

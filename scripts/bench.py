@@ -45,7 +45,8 @@ from amp_tutorial.measure import (
     fresh_compile_cache,
     peak_memory_bytes,
     reset_peak_memory,
-    saved_activation_bytes,
+    SavedBytes,
+    saved_bytes,
     time_steps,
 )
 from amp_tutorial.mfu import Utilization, compute_dtype, peak_for, percent, step_flops
@@ -79,7 +80,8 @@ class ModeResult:
     infer_iqr_s: float
     train_peak_bytes: int | None
     infer_peak_bytes: int | None
-    saved_activation_bytes: int
+    saved_activation_bytes: int  # activations saved for backward (``SavedBytes.activations``)
+    cast_weight_bytes: int  # autocast's 16-bit weight copies saved for backward
     final_loss: float
     train_speedup: float = 1.0  # t_fp32 / t_mode
     infer_speedup: float = 1.0
@@ -133,7 +135,7 @@ def run_mode(
                             enabled=amp_dtype is not None):
             torch.nn.functional.mse_loss(model(inputs), targets)
 
-    activation_bytes = saved_activation_bytes(forward_and_loss)
+    activation_bytes = saved_bytes(forward_and_loss, model)
 
     del optimizer, scaler, train_step
     reset_peak_memory(info.device)
@@ -151,13 +153,14 @@ def run_mode(
 
 def _result(label: str, amp_dtype: torch.dtype | None, use_scaler: bool, train: Timing,
             infer: Timing, train_peak: int | None, infer_peak: int | None,
-            activation_bytes: int, losses: Sequence[float], **extra: float | None) -> ModeResult:
+            saved: SavedBytes, losses: Sequence[float], **extra: float | None) -> ModeResult:
     """One mode's row from its measurements (``extra``: the model- or compile-specific fields)."""
     return ModeResult(
         mode=label, amp_dtype=dtype_name(amp_dtype) if amp_dtype else None,
         grad_scaler=use_scaler, train_median_s=train.median, train_iqr_s=train.iqr,
         infer_median_s=infer.median, infer_iqr_s=infer.iqr, train_peak_bytes=train_peak,
-        infer_peak_bytes=infer_peak, saved_activation_bytes=activation_bytes,
+        infer_peak_bytes=infer_peak, saved_activation_bytes=saved.activations,
+        cast_weight_bytes=saved.cast_weights,
         final_loss=float(losses[-1]), **extra)
 
 
@@ -192,7 +195,7 @@ def run_transformer_mode(
                             enabled=amp_dtype is not None):
             sequence_loss(model(train[0][0]), train[0][1])
 
-    activation_bytes = saved_activation_bytes(forward_and_loss)
+    activation_bytes = saved_bytes(forward_and_loss, model)
     accuracy = sequence_accuracy(model, test, amp_dtype)
 
     del optimizer, scaler, train_step
@@ -359,16 +362,17 @@ def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
           f"{r.final_loss:.4g}", *([f"{r.final_accuracy:.3f}"] if with_accuracy else []),
           _compile_text(r)] for r in results])
     memory_table = _table(
-        ["mode", "saved activations MB", "ratio", "train peak MB", "ratio", "infer peak MB",
-         "ratio"],
+        ["mode", "saved activations MB", "ratio", "cast weights MB", "train peak MB", "ratio",
+         "infer peak MB", "ratio"],
         [[r.mode, _mb(r.saved_activation_bytes), f"{r.activation_ratio:.2f}",
+          _mb(r.cast_weight_bytes),
           _mb(r.train_peak_bytes), _ratio_text(r.train_peak_ratio),
           _mb(r.infer_peak_bytes), _ratio_text(r.infer_peak_ratio)] for r in results])
     notes = ("speedup = t_fp32 / t_mode (median per step, after warm-up); IQR = interquartile "
              "range;\n"
              + ("accuracy = answer tokens right on held-out sequences;\n" if with_accuracy else "")
              + "ratio = mode / fp32; peak MB is the caching allocator's peak (n/a on CPU and "
-             "MPS);\nsaved activations = bytes autograd keeps for backward in one forward + loss.")
+             "MPS);\nsaved activations = bytes autograd keeps for backward in one forward + loss, the weights\nleft out; cast weights = autocast's 16-bit weight copies it keeps too.")
     if any(r.train_tflops is not None for r in results):
         flops_table = _table(
             ["mode", "GFLOP/step", "TFLOP/s", "MFU", "of matmul"],

@@ -27,7 +27,7 @@ from amp_tutorial.measure import (
     Timing,
     peak_memory_bytes,
     reset_peak_memory,
-    saved_activation_bytes,
+    saved_bytes,
     synchronize,
     time_steps,
 )
@@ -54,7 +54,7 @@ __all__ = [
     "peak_memory_bytes",
     "quantized_sinusoid",
     "reset_peak_memory",
-    "saved_activation_bytes",
+    "saved_bytes",
     "select_device",
     "synchronize",
     "time_steps",

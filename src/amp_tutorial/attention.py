@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 from amp_tutorial.measure import (
     peak_memory_bytes,
     reset_peak_memory,
-    saved_activation_bytes,
+    saved_bytes,
     time_steps,
 )
 
@@ -89,5 +89,5 @@ def attention_cost(backend: SDPBackend | None, shape: tuple[int, int, int, int],
     timing, _ = time_steps(step, steps, device, 1, progress=False)
     peak = peak_memory_bytes(device)
     return {"time fwd+bwd median (ms)": timing.median * 1e3, "IQR (ms)": timing.iqr * 1e3,
-            "saved for backward (MB)": saved_activation_bytes(attend) / 2**20,
+            "saved for backward (MB)": saved_bytes(attend).new / 2**20,
             "peak (MB)": peak / 2**20 if peak is not None else float("nan")}

@@ -40,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from amp_tutorial.device import available_devices, dtype_name
-from amp_tutorial.measure import saved_activation_bytes, synchronize
+from amp_tutorial.measure import SavedBytes, saved_bytes, synchronize
 
 # Autocast's cast policies (the names of autocast_mode.h's CastPolicy, in words), plus "no rule".
 LOWERED = "lower precision"  # lower_precision_fp: float32 inputs are cast down
@@ -654,18 +654,18 @@ def fake_autograd_problem(device_type: str) -> str | None:
     return what[0].strip() if what else f"exit status {done.returncode}"
 
 
-def saved_activation_bytes_on(
+def saved_bytes_on(
     device_type: str,
     build_model: Callable[[], torch.nn.Module],
     make_batch: Callable[[torch.device], tuple[torch.Tensor, torch.Tensor]],
     low: torch.dtype | None = None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.mse_loss,
-) -> int:
+) -> SavedBytes:
     """Bytes autograd saves for ``loss_fn(build_model()(inputs), targets)`` under
     ``device_type``'s autocast policy with ``low`` (None: autocast off), on fake tensors.
 
     No such device is needed: the model and batch are built on fake tensors of ``device_type``
-    and counted by ``measure.saved_activation_bytes``. Sizes are what the meta kernels say (on
+    and counted by ``measure.saved_bytes``. Sizes are what the meta kernels say (on
     fake CPU under autocast, batch_norm's saved mean and inverse std come out in the input dtype,
     float32 for real). Raises RuntimeError where autograd cannot run on that fake device in this
     torch build (MPS and XPU in a CUDA or CPU build).
@@ -679,4 +679,4 @@ def saved_activation_bytes_on(
         model = build_model()
         inputs, targets = make_batch(device)
         with autocast_flags(device_type, low) if low is not None else nullcontext():
-            return saved_activation_bytes(lambda: loss_fn(model(inputs), targets))
+            return saved_bytes(lambda: loss_fn(model(inputs), targets), model)

@@ -233,16 +233,20 @@ class Ceiling:
 
     def lines(self) -> list[str]:
         """One line per size: each dtype's GFLOP/s (median, quartile range; three significant
-        digits, as an emulated dtype runs below 1) and its ratio; a noisy rate is marked so."""
+        digits, as an emulated dtype runs below 1) and its ratio to fp32; a noisy rate is marked
+        so, and no ratio is printed where either rate is noisy."""
         out = []
         for n in self.sizes:
             parts = []
+            base = self.rate(n, "fp32")
             for dtype in ["fp32", *self.low_dtypes]:
                 r = self.rate(n, dtype)
                 low, high = r.gflops_range
-                ratio = "" if dtype == "fp32" else f", {self.ratio(n, dtype):.2f}x fp32"
+                ratio = ("" if dtype == "fp32" or r.noisy or base.noisy
+                         else f", {self.ratio(n, dtype):.2f}x fp32")
                 noise = f", NOISY: {r.timing.why_noisy}" if r.noisy else ""
-                parts.append(f"{dtype} {r.gflops:.3g} ({low:.3g}-{high:.3g}{noise}){ratio}")
+                parts.append(f"{dtype} {r.gflops:.3g} GFLOP/s ({low:.3g}-{high:.3g}{noise})"
+                             f"{ratio}")
             out.append(f"matmul {n}x{n}: " + "; ".join(parts))
         return out + list(self.notes)
 

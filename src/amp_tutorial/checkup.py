@@ -7,7 +7,7 @@ it was), and puts the course's instruments behind one call: the dtype trace of
 ``autocast_policy.trace_dtypes`` (grouped by module), ``nonfinite.first_nonfinite_module``
 and, below autocast, each op that makes inf/NaN out of finite inputs (``OpOverflow``: an
 overflow inside a module, seen even where the module's output is finite),
-``measure.saved_activation_bytes`` and ``StepTimer``, and ``ceiling.matmul_ceiling``. Nothing of
+``measure.saved_bytes`` and ``StepTimer``, and ``ceiling.matmul_ceiling``. Nothing of
 the model leaves the process: this module sends nothing to the class service.
 
 Any model and batch go in; ``batch_loss`` is the one rule for turning them into the loss:
@@ -65,7 +65,8 @@ from amp_tutorial.measure import (
     free_memory,
     peak_memory_bytes,
     reset_peak_memory,
-    saved_activation_bytes,
+    SavedBytes,
+    saved_bytes,
     why_noisy,
 )
 from amp_tutorial.nonfinite import first_nonfinite_module
@@ -377,7 +378,8 @@ class Checkup:
     timing_ms: dict[str, float]
     timing_iqr_ms: dict[str, float]
     peak_bytes: dict[str, int | None]
-    saved_activation_bytes: dict[str, int]
+    # per mode: what one forward + loss saved for backward (activations, autocast's weight copies)
+    saved: dict[str, SavedBytes]
     ceiling: dict[str, object]
     ceiling_ratio: float | None  # None where the matmul ratio bounds nothing (ceiling_why)
     # ops inside the forward that overflowed under autocast (not in fp32), first first
@@ -558,22 +560,32 @@ class Checkup:
                 for r in self.ranges]
 
     def payoff_rows(self) -> list[dict[str, object]]:
+        """fp32 and AMP side by side: time, speed-up, memory and the ceiling. A cell with no
+        figure says why in a word or two (never None or NaN); ``speed_noise`` and
+        ``ceiling_why`` say it in full."""
         rows = []
         for mode in ("fp32", "amp"):
             peak = self.peak_bytes[mode]
+            if mode == "fp32":
+                ceiling: object = "baseline"
+            elif self.ceiling_ratio:
+                ceiling = round(self.ceiling_ratio, 2)
+            else:
+                why = self.ceiling_why or ""
+                ceiling = ("none: emulated" if "emulated" in why else "none: noisy" if "noise"
+                           in why else "none: not measured")
             rows.append({"run": self.tf32_label(mode), "time/step median (ms)":
                          round(self.timing_ms[mode], 3),
                          "time/step IQR (ms)": round(self.timing_iqr_ms[mode], 3),
-                         "speedup (t_fp32 / t)": (float("nan") if self.speed_noise else
+                         "speedup (t_fp32 / t)": ("none: noisy" if self.speed_noise else
                                                   round(self.timing_ms["fp32"]
                                                         / self.timing_ms[mode], 2)),
                          "peak memory (MB)": round(peak / 2**20, 2) if peak is not None
-                         else float("nan"),
-                         "saved activations (MB)": round(self.saved_activation_bytes[mode]
+                         else "n/a: no allocator",
+                         "saved activations (MB)": round(self.saved[mode].activations
                                                          / 2**20, 3),
-                         "matmul ceiling (t_fp32 / t)": (round(self.ceiling_ratio, 2) if
-                                                         mode == "amp" and self.ceiling_ratio
-                                                         else None)})
+                         "cast weights (MB)": round(self.saved[mode].cast_weights / 2**20, 3),
+                         "matmul ceiling (t_fp32 / t)": ceiling})
         return rows
 
     def tf32_label(self, mode: str) -> str:
@@ -1206,7 +1218,7 @@ def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
     model.load_state_dict(initial)
     with _ModuleWatch(model, dtype) as watch:
         kept: list[torch.Tensor] = []
-        saved["fp32"] = saved_activation_bytes(lambda: kept.append(forward_loss(False)))
+        saved["fp32"] = saved_bytes(lambda: kept.append(forward_loss(False)), model)
         kept.pop().backward()
     param_grad_max = max((float(p.grad.abs().max()) for p in model.parameters()
                           if p.grad is not None and p.grad.numel()), default=0.0)
@@ -1219,7 +1231,7 @@ def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
     with _ModuleWatch(model) as watch:
         def amp_step() -> None:
             losses = []
-            saved["amp"] = saved_activation_bytes(lambda: losses.append(forward_loss(True)))
+            saved["amp"] = saved_bytes(lambda: losses.append(forward_loss(True)), model)
             watch.phase = "(backward)"
             losses[0].float().backward()
         ops = trace_dtypes(amp_step, where=watch.where, timed_on=device)
@@ -1285,7 +1297,7 @@ def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
         timing_iqr_ms={"fp32": timer32.timing.iqr * 1e3, "amp": timer_amp.timing.iqr * 1e3},
         timing_wait_share={"fp32": timer32.timing.wait_share,
                            "amp": timer_amp.timing.wait_share},
-        peak_bytes={"fp32": peak32, "amp": peak_amp}, saved_activation_bytes=saved,
+        peak_bytes={"fp32": peak32, "amp": peak_amp}, saved=saved,
         ceiling=ceiling.as_dict(),
         # the bench's rule: no ceiling where the dtype is emulated or the timings were noise
         ceiling_ratio=ceiling.ceiling(name) if name in ceiling.low_dtypes else None,

@@ -4,8 +4,9 @@
 - warm-up steps run untimed (cuDNN/MIOpen pick kernels on first use);
 - every step is timed, and the median and spread are reported, not one total;
 - peak memory is reset before each run and read from the caching allocator where there is one;
-- saved-activation bytes (the memory AMP halves) are counted exactly with saved_tensors_hooks,
-  which works on every device, CPU included;
+- the bytes autograd saves for backward are counted exactly with saved_tensors_hooks, on every
+  device, CPU included, and split into activations (what AMP halves), autocast's cast weights
+  (what AMP adds) and parameters saved as they are (memory that exists in every mode);
 - compile times are taken with Inductor's on-disk cache in a fresh folder, never from a cache hit.
 """
 
@@ -81,46 +82,70 @@ def peak_memory_bytes(device: torch.device | str) -> int | None:
     return None
 
 
-def cpu_wait_s() -> float | None:
-    """Seconds this process's threads have waited for a CPU so far: runnable, but another
-    program (or another of its own threads) held the core. Summed over the live threads from
-    Linux's ``/proc/self/task/*/schedstat`` (its second field, the run-queue delay in ns); None
-    where the kernel does not keep it (macOS, Windows, a kernel without schedstats).
+def thread_cpu_stats() -> dict[int, tuple[float, float]] | None:
+    """Per live thread of this process: (seconds it ran on a CPU, seconds it waited for one:
+    runnable, but another program, or another of its own threads, held the core), from the
+    first two fields of Linux's ``/proc/self/task/<tid>/schedstat``. None where the kernel
+    keeps no per-thread schedstat (macOS, Windows, a kernel without schedstats).
 
     A busy machine slows a run in a way its spread can miss: a job beside it for the whole run
     makes every step slower by about as much, so the steps agree and the median is wrong. The
-    wait shows it (a step that waited 40 ms for a CPU out of 100 ms lost them to someone else).
+    wait shows it (a thread that waited 40 ms for a CPU in a 100 ms step lost them to someone
+    else).
     """
-    total = 0
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
         return None
+    stats: dict[int, tuple[float, float]] = {}
     for task in tasks:
         try:
             with open(f"/proc/self/task/{task}/schedstat") as f:
-                total += int(f.read().split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # a thread that ended meanwhile
-    return total / 1e9
+                ran, waited = f.read().split()[:2]
+            stats[int(task)] = (int(ran) / 1e9, int(waited) / 1e9)
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile, or no schedstat in this kernel
+    return stats or None  # this thread is always live: nothing read means nothing kept
 
 
-def crowded(wait_share: float | None) -> str | None:
-    """Why a run whose threads waited for a CPU ``wait_share`` of its time is no result (over
-    ``CROWDED_SHARE``: other programs held the cores, or the process ran more threads than the
-    CPUs it may use), or None."""
+def cpu_wait_s() -> float | None:
+    """Seconds this process's live threads have waited for a CPU so far, summed over them
+    (``thread_cpu_stats``); None where that is not kept."""
+    stats = thread_cpu_stats()
+    return None if stats is None else sum(waited for _, waited in stats.values())
+
+
+def waited_between(before: dict[int, tuple[float, float]],
+                   after: dict[int, tuple[float, float]]) -> tuple[float, int]:
+    """What this process's threads waited for a CPU between two ``thread_cpu_stats`` readings
+    (seconds, summed over threads) and how many threads ran (or waited to) in between. Thread by thread: a
+    thread that started meanwhile counts from zero, and one that ended takes only what it waited
+    before the first reading with it (never a negative wait)."""
+    waited, ran = 0.0, 0
+    for tid, (run_after, wait_after) in after.items():
+        run_before, wait_before = before.get(tid, (0.0, 0.0))
+        waited += max(0.0, wait_after - wait_before)
+        ran += run_after > run_before or wait_after > wait_before  # it wanted a CPU
+    return waited, max(ran, 1)
+
+
+def crowded(wait_share: float | None, threads: int | None = None) -> str | None:
+    """Why a run whose threads each waited for a CPU ``wait_share`` of its time is no result
+    (over ``CROWDED_SHARE``: other programs held the cores, or the process ran more threads than
+    the CPUs it may use), or None. ``threads``: how many ran, for the sentence."""
     if wait_share is None or wait_share <= CROWDED_SHARE:
         return None
-    return f"threads waited for a CPU for {wait_share:.0%} of its time"
+    who = {None: "threads", 1: "1 thread"}.get(threads, f"{threads} threads")
+    return f"{who} waited for a CPU {wait_share:.0%} of the time"
 
 
-def why_noisy(spread: float, wait_share: float | None) -> str | None:
+def why_noisy(spread: float, wait_share: float | None, threads: int | None = None) -> str | None:
     """Why a timing's median says little (its IQR over its median, ``spread``, above
-    ``NOISY_SPREAD``, or threads that waited for a CPU over ``CROWDED_SHARE`` of the time), or
-    None. ``Timing.why_noisy``; the check-up reads it from the figures it keeps."""
+    ``NOISY_SPREAD``, or threads that each waited for a CPU over ``CROWDED_SHARE`` of the time),
+    or None. ``Timing.why_noisy``; the check-up reads it from the figures it keeps."""
     if spread > NOISY_SPREAD:
         return f"spread is {spread:.0%} of its median"
-    return crowded(wait_share)
+    return crowded(wait_share, threads)
 
 
 def busy(noisy: dict[str, str]) -> str:
@@ -133,12 +158,14 @@ def busy(noisy: dict[str, str]) -> str:
 class Timing:
     """Per-step wall times in seconds, with the statistics the course reports.
 
-    ``waits``: per step, the seconds the process's threads waited for a CPU (``cpu_wait_s``);
-    empty where that is not measured.
+    ``waits``: per step, the seconds the process's threads waited for a CPU, summed over them
+    (``waited_between``); ``threads``: per step, how many threads ran. Both empty where that is
+    not measured.
     """
 
     samples: tuple[float, ...]
     waits: tuple[float, ...] = ()
+    threads: tuple[int, ...] = ()
 
     @property
     def median(self) -> float:
@@ -168,16 +195,26 @@ class Timing:
 
     @property
     def wait_share(self) -> float | None:
-        """The CPU waits over the wall time of the timed steps (summed over threads, so two
-        threads that both waited all the time give 2.0); None where waits were not measured."""
+        """The share of the timed steps' wall time that each thread that ran waited for a CPU,
+        on average: the summed waits over (wall time x threads), so two threads that both waited
+        half the time give 0.5; None where waits were not measured. Summed over threads instead,
+        the idle floor alone (about 1% per thread) would pass ``CROWDED_SHARE`` on a CPU with
+        32 threads."""
         if not self.waits or self.total <= 0:
             return None
-        return sum(self.waits) / self.total
+        threads = self.threads if len(self.threads) == len(self.samples) else (1,) * len(
+            self.samples)
+        return sum(self.waits) / sum(s * n for s, n in zip(self.samples, threads, strict=True))
+
+    @property
+    def threads_ran(self) -> int | None:
+        """How many threads ran in a typical timed step (the median), None if not measured."""
+        return int(statistics.median(self.threads)) if self.threads else None
 
     @property
     def why_noisy(self) -> str | None:
         """Why the median says little here (``why_noisy``), or None."""
-        return why_noisy(self.spread, self.wait_share)
+        return why_noisy(self.spread, self.wait_share, self.threads_ran)
 
     @property
     def noisy(self) -> bool:
@@ -316,12 +353,13 @@ class StepTimer:
         self.samples: list[float] = []  # seconds, one per timed step
         self.warmup_samples: list[float] = []  # seconds, one per warm-up step
         self.waits: list[float] = []  # seconds waited for a CPU, one per timed step
+        self.threads: list[int] = []  # threads that ran, one per timed step
 
     @contextmanager
     def step(self) -> Iterator[None]:
         """Time the block as one step (kept apart in ``warmup_samples`` while warming up)."""
         synchronize(self.device)
-        waited = cpu_wait_s()
+        before = thread_cpu_stats()
         start = time.perf_counter()
         yield
         synchronize(self.device)
@@ -330,9 +368,11 @@ class StepTimer:
             self.warmup_samples.append(elapsed)
             return
         self.samples.append(elapsed)
-        now = cpu_wait_s()
-        if waited is not None and now is not None:
-            self.waits.append(max(0.0, now - waited))  # a thread that ended takes its wait along
+        after = thread_cpu_stats()
+        if before is not None and after is not None:
+            waited, threads = waited_between(before, after)
+            self.waits.append(waited)
+            self.threads.append(threads)
 
     @property
     def steps_seen(self) -> int:
@@ -345,8 +385,9 @@ class StepTimer:
         if not self.samples:
             raise ValueError(f"no timed step yet: {self.steps_seen} step(s) seen, "
                              f"the first {self.warmup} are warm-up")
-        waits = tuple(self.waits) if len(self.waits) == len(self.samples) else ()
-        return Timing(tuple(self.samples), waits)
+        if len(self.waits) != len(self.samples):
+            return Timing(tuple(self.samples))
+        return Timing(tuple(self.samples), tuple(self.waits), tuple(self.threads))
 
 
 def time_steps(
@@ -413,8 +454,42 @@ def fresh_compile_cache() -> Iterator[str]:
                 os.environ[CACHE_VARIABLE] = before
 
 
-def saved_activation_bytes(fn: Callable[[], object]) -> int:
-    """Bytes of the tensors autograd saves for backward while ``fn()`` runs (e.g. a forward + loss).
+@dataclass(frozen=True)
+class SavedBytes:
+    """What autograd saved for backward during one forward, split by what it costs.
+
+    - ``activations``: tensors the forward made (layer outputs, inputs cast by autocast);
+    - ``cast_weights``: autocast's 16-bit copies of parameters (new memory: kept for backward, and
+      in autocast's cast cache until the autocast block exits);
+    - ``held``: parameters and buffers saved as they are (the fp32 run's weights): memory that
+      exists in every mode, so no mode adds or saves it.
+
+    ``new`` (activations + cast weights) is what a forward adds to memory until backward.
+    """
+
+    activations: int
+    cast_weights: int
+    held: int
+
+    @property
+    def new(self) -> int:
+        return self.activations + self.cast_weights
+
+    def __str__(self) -> str:
+        return (f"{self.new / 2**20:.2f} MiB new (activations {self.activations / 2**20:.2f}, "
+                f"cast weights {self.cast_weights / 2**20:.2f}; parameters and buffers saved "
+                f"as they are: {self.held / 2**20:.2f})")
+
+
+def saved_bytes(fn: Callable[[], object], model: torch.nn.Module | None = None) -> SavedBytes:
+    """Bytes of the tensors autograd saves for backward while ``fn()`` runs (e.g. a forward +
+    loss), split into activations, autocast's cast weights and memory held anyway (``SavedBytes``).
+
+    A saved tensor is *held* when it is a parameter (a leaf that requires grad) or, given
+    ``model``, one of its parameters or buffers (BatchNorm's running statistics); it is a *cast
+    weight* when it is a dtype copy of a parameter (autocast's ``_to_copy`` of a weight that
+    requires grad, so its ``grad_fn`` leads straight back to that leaf). A frozen parameter's
+    copy has no ``grad_fn`` and counts as an activation.
 
     Storage shared by several saved tensors (a weight saved by two ops) is counted once. Storages
     are told apart by identity, not address, so fake tensors (which have no data) count too.
@@ -422,16 +497,36 @@ def saved_activation_bytes(fn: Callable[[], object]) -> int:
     (an op that saves its own output then holds itself) that no garbage collection frees, so every
     call leaked the saved activations (``saved_tensors_hooks``' warning, torch/autograd/graph.py).
     """
-    seen: dict[int, tuple[torch.UntypedStorage, int]] = {}  # id -> (storage kept alive, bytes)
+    owned = set()
+    if model is not None:
+        owned = {id(t.untyped_storage()) for t in (*model.parameters(), *model.buffers())}
+    seen: dict[int, tuple[torch.UntypedStorage, int, str]] = {}  # id -> (storage, bytes, kind)
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()  # the same Python object for every view of it
-        seen[id(storage)] = (storage, storage.nbytes())
+        if id(storage) not in seen:
+            seen[id(storage)] = (storage, storage.nbytes(), _saved_kind(tensor, storage, owned))
         return tensor.detach()  # same storage, no reference back to the graph
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
-    return sum(nbytes for _, nbytes in seen.values())
+    total = {"activations": 0, "cast_weights": 0, "held": 0}
+    for _, nbytes, kind in seen.values():
+        total[kind] += nbytes
+    return SavedBytes(**total)
+
+
+def _saved_kind(tensor: torch.Tensor, storage: torch.UntypedStorage, owned: set[int]) -> str:
+    # an op may save a view (addmm saves ``weight.t()``): judge the tensor the view is of
+    base = tensor._base if tensor._base is not None else tensor
+    if id(storage) in owned or (base.is_leaf and base.requires_grad):
+        return "held"
+    grad_fn = base.grad_fn
+    if grad_fn is not None and type(grad_fn).__name__ == "ToCopyBackward0":
+        source = grad_fn.next_functions[0][0] if grad_fn.next_functions else None
+        if type(source).__name__ == "AccumulateGrad":  # a copy of a leaf that trains
+            return "cast_weights"
+    return "activations"
 
 
 def activation_output_bytes(model: torch.nn.Module, fn: Callable[[], object]) -> int:

@@ -60,19 +60,21 @@ class Peak:
     source: str
 
 
-# Dense figures: NVIDIA's datasheets list tensor-core rates "with sparsity", twice these. The
-# H200 has the H100's compute (SXM and NVL alike); only its memory differs.
+# Dense figures: NVIDIA's datasheets list tensor-core rates "with sparsity", twice these (the
+# H100 PCIe's 1,513 TFLOP/s bf16 is 756.5 dense). The H200 has the H100's compute (SXM and NVL
+# alike); only its memory differs. A GH200 (Grace Hopper: its device name holds "H200" or
+# "H100" too) is none of these boards, with its own power limit: it gets no row, so no MFU.
 _SXM = {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5}
 _NVL = {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}
 _H100 = "https://www.nvidia.com/en-us/data-center/h100/"
 _H200 = "https://www.nvidia.com/en-us/data-center/h200/"
 PEAKS: tuple[tuple[str, Peak], ...] = (
-    (r"H200 NVL", Peak("NVIDIA H200 NVL", _NVL, f"{_H200} (H200 NVL column)")),
-    (r"H200", Peak("NVIDIA H200 SXM", _SXM, f"{_H200} (H200 SXM column)")),
-    (r"H100 NVL", Peak("NVIDIA H100 NVL", _NVL, f"{_H100} (H100 NVL column)")),
-    (r"H100 PCIe", Peak("NVIDIA H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0,
-                                              "fp16": 756.0}, f"{_H100} (H100 PCIe column)")),
-    (r"H100", Peak("NVIDIA H100 SXM", _SXM, f"{_H100} (H100 SXM column)")),
+    (r"(?<!G)H200 NVL", Peak("NVIDIA H200 NVL", _NVL, f"{_H200} (H200 NVL column)")),
+    (r"(?<!G)H200", Peak("NVIDIA H200 SXM", _SXM, f"{_H200} (H200 SXM column)")),
+    (r"(?<!G)H100 NVL", Peak("NVIDIA H100 NVL", _NVL, f"{_H100} (H100 NVL column)")),
+    (r"(?<!G)H100 PCIe", Peak("NVIDIA H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5,
+                                                    "fp16": 756.5}, f"{_H100} (H100 PCIe column)")),
+    (r"(?<!G)H100", Peak("NVIDIA H100 SXM", _SXM, f"{_H100} (H100 SXM column)")),
     (r"A100", Peak("NVIDIA A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
                    "https://www.nvidia.com/en-us/data-center/a100/ (NVIDIA A100 datasheet)")),
     (r"MI300X", Peak("AMD Instinct MI300X", {"fp32": 163.4, "tf32": 653.7, "bf16": 1307.4,

@@ -30,13 +30,13 @@ from amp_tutorial.autocast_policy import (
     ops_by_rule,
     policy_table,
     registered_ops,
-    saved_activation_bytes_on,
+    saved_bytes_on,
     source_policy,
     trace_dtypes,
     visible_promotions,
 )
 from amp_tutorial.data import make_problem
-from amp_tutorial.measure import saved_activation_bytes
+from amp_tutorial.measure import saved_bytes
 from amp_tutorial.models import ConvModel
 
 BF16, FP16, FP32_T = torch.bfloat16, torch.float16, torch.float32
@@ -332,15 +332,15 @@ def _real_cpu_bytes(low):
         with torch.autocast("cpu", dtype=low or BF16, enabled=low is not None):
             F.mse_loss(model(inputs), targets)
 
-    return saved_activation_bytes(forward_and_loss)
+    return saved_bytes(forward_and_loss, model).new
 
 
 def test_saved_bytes_on_fake_cpu_match_the_real_count():
     """Exact in fp32. Under autocast, CPU batch_norm's meta kernel returns its saved mean and
     inverse std in the input's dtype where the real kernel keeps them in float32."""
-    assert saved_activation_bytes_on("cpu", BUILD, BATCH) == _real_cpu_bytes(None)
+    assert saved_bytes_on("cpu", BUILD, BATCH).new == _real_cpu_bytes(None)
     for low in (BF16, FP16):
-        missing = _real_cpu_bytes(low) - saved_activation_bytes_on("cpu", BUILD, BATCH, low)
+        missing = _real_cpu_bytes(low) - saved_bytes_on("cpu", BUILD, BATCH, low).new
         bn_stats = sum(2 * m.num_features for m in BUILD().modules()
                        if isinstance(m, torch.nn.BatchNorm2d))
         assert missing == bn_stats * (4 - low.itemsize), low
@@ -350,9 +350,13 @@ def test_saved_bytes_on_fake_cpu_match_the_real_count():
 def test_saved_bytes_on_fake_cuda_halve_under_autocast(low):
     """The course's ConvModel on a 64 x 64 grid: fake tensors hold no data, so size is free."""
     model, batch = ConvModel, partial(make_problem, 64)
-    fp32 = saved_activation_bytes_on("cuda", model, batch)
-    assert fp32 == saved_activation_bytes_on("cpu", model, batch)  # the same tensors in fp32
-    assert abs(saved_activation_bytes_on("cuda", model, batch, low) / fp32 - 0.5) < 0.01
+    fp32 = saved_bytes_on("cuda", model, batch)
+    assert fp32 == saved_bytes_on("cpu", model, batch)  # the same tensors in fp32
+    assert fp32.cast_weights == 0 and fp32.held > 0  # fp32 keeps the weights themselves
+    amp = saved_bytes_on("cuda", model, batch, low)
+    assert abs(amp.activations / fp32.activations - 0.5) < 0.01
+    weights = sum(p.numel() for p in model().parameters() if p.dim() > 1)  # conv weights
+    assert 0 < amp.cast_weights <= weights * low.itemsize  # autocast's 16-bit copies
 
 
 def test_saved_bytes_on_a_device_whose_fake_autograd_aborts_raise_instead():
@@ -361,7 +365,7 @@ def test_saved_bytes_on_a_device_whose_fake_autograd_aborts_raise_instead():
     if torch.backends.mps.is_built():
         pytest.skip("this torch has MPS support: autograd runs on fake MPS tensors")
     with pytest.raises(RuntimeError, match="not linked with support for mps devices"):
-        saved_activation_bytes_on("mps", BUILD, BATCH, FP16)
+        saved_bytes_on("mps", BUILD, BATCH, FP16)
 
 
 def test_trace_dtypes_tags_each_op_with_where_it_ran_and_times_it_when_asked():

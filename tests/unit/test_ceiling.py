@@ -182,6 +182,10 @@ def test_a_rate_whose_spread_is_a_large_share_of_its_median_is_noise():
     assert ceiling.ceiling("bf16") == pytest.approx(2.0)  # from the quiet size only
     assert ceiling.best_ratio("bf16") == pytest.approx(4.0)  # the noisy size's, not used
     assert "NOISY" in ceiling.lines()[1] and "NOISY" not in ceiling.lines()[0]
+    # lesson 03 printed "fp32 0.702 (... NOISY ...); bf16 0.375 (...), 0.53x fp32": no ratio
+    # from a rate the same line leaves out, and every rate with its unit
+    assert "x fp32" not in ceiling.lines()[1] and "2.00x fp32" in ceiling.lines()[0]
+    assert ceiling.lines()[1].count("GFLOP/s") == 2
     noisy[(256, "bf16")] = (0.001, 0.005, 0.050)
     ceiling = _ceiling(noisy)
     assert ceiling.ceiling("bf16") is None

@@ -203,7 +203,7 @@ def test_a_rung_timed_while_the_machine_was_busy_is_drawn_pale_with_why():
     assert alpha == {"fp32": None, "AMP bf16": 0.45, "pure bf16 + batch x4": 0.45}
     note = " ".join(t.get_text() for t in fig.texts).replace("\n  ", " ")
     assert note.startswith("Pale, timed while the machine was busy (no result):")
-    assert "AMP bf16: threads waited for a CPU for 100% of its time" in note
+    assert "AMP bf16: threads waited for a CPU 100% of the time" in note
     assert "pure bf16 + batch x4: spread is 50% of its median" in note and "fp32" not in note
 
 

@@ -19,7 +19,7 @@ from amp_tutorial.measure import (
     op_dtype_rows,
     peak_memory_bytes,
     reset_peak_memory,
-    saved_activation_bytes,
+    saved_bytes,
     synchronize,
     time_steps,
 )
@@ -139,13 +139,13 @@ def test_time_steps_rejects_zero_steps():
         time_steps(lambda i: None, 0, "cpu")
 
 
-def test_saved_activation_bytes_counts_what_backward_needs():
+def test_saved_bytes_counts_what_backward_needs():
     x = torch.rand(1000, requires_grad=True)
     # exp saves its output (1000 fp32 = 4000 bytes); sum saves nothing
-    assert saved_activation_bytes(lambda: x.exp().sum()) == 4000
+    assert saved_bytes(lambda: x.exp().sum()).new == 4000
 
 
-def test_saved_activation_bytes_leaves_nothing_alive():
+def test_saved_bytes_leaves_nothing_alive():
     """relu saves its own output; a pack hook that returned that tensor itself made a cycle
     through the graph, and every call leaked what the forward saved (found by course_tools.memory:
     lesson 03 kept 3.8 GB alive at paper)."""
@@ -157,35 +157,68 @@ def test_saved_activation_bytes_leaves_nothing_alive():
         outputs.append(weakref.ref(y))
         return y.sum()
 
-    assert saved_activation_bytes(forward) == 64 * 64 * 4
+    assert saved_bytes(forward).activations == 64 * 64 * 4
     gc.collect()
     assert outputs[0]() is None, "the saved output is still alive after the count"
 
 
-def test_saved_activation_bytes_counts_each_storage_once_by_identity():
+def test_saved_bytes_counts_each_storage_once_by_identity():
     """A view saved twice counts once; fake tensors (all at data address 0) count apart."""
     x = torch.rand(1000, requires_grad=True)
     y = x.exp()
-    assert saved_activation_bytes(lambda: (y[:10] * y[10:20]).sum()) == 4000  # one storage
+    assert saved_bytes(lambda: (y[:10] * y[10:20]).sum()).new == 4000  # one storage
     with FakeTensorMode():
         a = torch.empty(1000, requires_grad=True)
         b = torch.empty(1000, requires_grad=True)
-        assert saved_activation_bytes(lambda: (a.exp() + b.exp()).sum()) == 8000
+        assert saved_bytes(lambda: (a.exp() + b.exp()).sum()).new == 8000
 
 
-def test_saved_activation_bytes_halves_under_bf16_autocast():
+def test_saved_activations_halve_under_bf16_autocast():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(2, 32, 1), torch.nn.BatchNorm2d(32),
                                 torch.nn.ReLU(), torch.nn.Conv2d(32, 1, 1))
     x = torch.rand(1, 2, 64, 64)
-    fp32 = saved_activation_bytes(lambda: model(x).sum())
+    fp32 = saved_bytes(lambda: model(x).sum(), model)
 
     def amp():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             model(x).sum()
 
-    ratio = saved_activation_bytes(amp) / fp32
+    ratio = saved_bytes(amp, model).activations / fp32.activations
     assert 0.4 < ratio <= 0.55
+
+
+def test_saved_bytes_leave_out_the_weights_and_count_autocast_s_copies():
+    """Issue 57: four 2048x2048 Linear layers at batch 2. Counting every saved storage, fp32
+    48 MiB and AMP 24 MiB said "AMP halves it"; fp32's are the parameters themselves (memory that
+    exists anyway), AMP's are new 16-bit copies: AMP adds memory here."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(4)])
+    x = torch.randn(2, 2048)
+    fp32 = saved_bytes(lambda: model(x).sum(), model)
+
+    def amp():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(x).sum()
+
+    low = saved_bytes(amp)  # the parameters are told apart without the model too
+    weight = 2048 * 2048
+    # backward keeps the weights of the last three layers (the first one's input needs no grad)
+    assert fp32.held == 3 * weight * 4 + 0 and fp32.cast_weights == 0
+    assert fp32.activations == 4 * 2 * 2048 * 4  # each layer's input (batch 2, fp32)
+    assert low.cast_weights == 3 * weight * 2 and low.held == 0  # the bf16 copies, new memory
+    assert low.activations == 4 * 2 * 2048 * 2 < fp32.activations
+    assert low.new > 100 * fp32.new  # AMP adds memory: 24 MiB against 64 KiB
+    assert "24.03 MiB new" in str(low)
+
+
+def test_a_model_s_buffers_are_held_not_activations():
+    model = torch.nn.BatchNorm1d(8)  # batch_norm saves its running statistics in training
+    x = torch.randn(4, 8, requires_grad=True)
+    with_model = saved_bytes(lambda: model(x).sum(), model)
+    without = saved_bytes(lambda: model(x).sum())
+    assert with_model.new + with_model.held == without.new + without.held
+    assert with_model.held > without.held  # the running mean and variance, told apart
 
 
 def test_activation_output_bytes_under_inference_mode():
@@ -294,7 +327,46 @@ def test_a_run_whose_threads_waited_for_a_cpu_gives_no_ratio():
     assert crowded.noisy and Timing((0.1,) * 3).wait_share is None  # waits not measured
     said = Comparison("AMP bf16", "fp32", amp, crowded, "cpu")
     assert said.stated is None and "x the speed" not in str(said)
-    assert "fp32's threads waited for a CPU for 50% of its time" in said.noise
+    assert "fp32's threads waited for a CPU 50% of the time" in said.noise
+
+
+def test_the_wait_share_is_per_thread_that_ran():
+    """Lesson 03 said "threads waited for a CPU for 145% of its time": two threads' waits summed.
+    Summed, the idle floor (about 1% per thread) would call every timing on a 32-thread CPU
+    crowded."""
+    t = Timing((0.1, 0.1, 0.1), waits=(0.146, 0.146, 0.146), threads=(2, 2, 2))
+    assert t.wait_share == pytest.approx(0.73) and t.threads_ran == 2
+    assert t.why_noisy == "2 threads waited for a CPU 73% of the time"
+    idle_many = Timing((0.1,) * 3, waits=(0.032,) * 3, threads=(32,) * 3)
+    assert idle_many.wait_share == pytest.approx(0.01) and not idle_many.noisy
+
+
+def test_a_thread_that_ends_inside_a_step_takes_no_wait_away():
+    """A probe gave -1.72 s (clamped to 0) when a thread ended inside a timed step: its whole
+    wait left the second sum. Thread by thread, the others' waits still count."""
+    before = {1: (1.0, 0.5), 2: (3.0, 2.0)}
+    after = {1: (1.2, 0.6), 3: (0.1, 0.05)}  # thread 2 ended, thread 3 started
+    waited, ran = measure.waited_between(before, after)
+    assert waited == pytest.approx(0.15) and ran == 2
+
+
+def test_without_per_thread_schedstat_there_is_no_wait_figure(monkeypatch):
+    """A kernel with /proc but no schedstat: None (not measured), not 0.0 (measured idle)."""
+    import builtins
+
+    real_open = builtins.open
+
+    def no_schedstat(path, *args, **kwargs):
+        if str(path).endswith("/schedstat"):
+            raise FileNotFoundError(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", no_schedstat)
+    assert measure.thread_cpu_stats() is None and measure.cpu_wait_s() is None
+    timer = StepTimer("cpu")
+    with timer.step():
+        pass
+    assert timer.timing.wait_share is None and not timer.timing.waits
 
 
 def test_a_figure_says_each_run_s_reason_for_no_ratio_once():
@@ -312,7 +384,7 @@ def test_a_figure_says_each_run_s_reason_for_no_ratio_once():
                        for n, t in (("bf16", other), ("compiled", crowded), ("compiled bf16",
                                                                              other)))
     assert why.count("fp32's spread is 40% of its median") == 1
-    assert "compiled's threads waited for a CPU for 100% of its time" in why
+    assert "compiled's threads waited for a CPU 100% of the time" in why
     assert "compiled bf16" not in why and why.endswith("the machine was busy")
     moved = Comparison("bf16", "fp32", other, quiet, "cpu", baseline_again=Timing((0.2,) * 3))
     assert why_no_ratio([moved]) == moved.noise and "load changed" in moved.noise

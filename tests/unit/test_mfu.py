@@ -65,7 +65,7 @@ def test_the_count_allocates_nothing_on_the_device():
 
 @pytest.mark.parametrize(("name", "peak_name", "bf16"), [
     ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM", 989.5),
-    ("NVIDIA H100 PCIe", "NVIDIA H100 PCIe", 756.0),
+    ("NVIDIA H100 PCIe", "NVIDIA H100 PCIe", 756.5),
     ("NVIDIA H100 NVL", "NVIDIA H100 NVL", 835.5),
     ("NVIDIA H200", "NVIDIA H200 SXM", 989.5),
     ("NVIDIA H200 NVL", "NVIDIA H200 NVL", 835.5),
@@ -81,6 +81,9 @@ def test_each_named_gpu_gets_its_own_datasheet_peak(name, peak_name, bf16):
 def test_no_peak_for_a_cpu_or_an_unlisted_gpu():
     assert peak_for("AMD EPYC", "cpu") is None
     assert peak_for("Tesla T4", "cuda") is None
+    # a Grace Hopper superchip is no H200 or H100 board (its own power limit): no borrowed peak
+    assert peak_for("NVIDIA GH200 480GB", "cuda") is None
+    assert peak_for("NVIDIA GH200 144G HBM3e", "cuda") is None
 
 
 def test_an_fp32_step_is_read_against_tf32_only_where_tf32_is_used():
