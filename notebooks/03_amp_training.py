@@ -330,16 +330,19 @@ for c in comparisons:
 # %%
 wide = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)]).to(info.device)
 low = info.amp_dtypes[0]
-for batch in (2, 1024):
+
+
+def saved_by_wide(batch, amp):
     x = torch.randn(batch, 1024, device=info.device)
-    fp32_saved = saved_bytes(lambda: wide(x).sum(), wide)
-    with torch.autocast(info.type, dtype=low):
-        amp_saved = saved_bytes(lambda: wide(x).sum(), wide)
-    print(f"batch {batch}: fp32 {fp32_saved}
-{'':>9}AMP {dtype_name(low)} {amp_saved}")
+    with torch.autocast(info.type, dtype=low, enabled=amp):
+        return saved_bytes(lambda: wide(x).sum(), wide)
+
+
+for batch in (2, 1024):
+    fp32_saved, amp_saved = saved_by_wide(batch, False), saved_by_wide(batch, True)
+    print(f"batch {batch}:\n  fp32 {fp32_saved}\n  AMP {dtype_name(low)} {amp_saved}")
     assert amp_saved.cast_weights == 3 * 1024 * 1024 * low.itemsize  # independent of the batch
     assert (amp_saved.new > fp32_saved.new) == (batch == 2)  # more at batch 2, less at 1024
-del wide, x
 
 # %% [markdown]
 # ### The ceiling: how much faster can a step get on this device?

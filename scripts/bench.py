@@ -41,11 +41,11 @@ from amp_tutorial.device import (
 from amp_tutorial.host_memory import MALLOC_ENV, keep_freed_memory
 from amp_tutorial.ladder import matmul_rate_tflops
 from amp_tutorial.measure import (
+    SavedBytes,
     Timing,
     fresh_compile_cache,
     peak_memory_bytes,
     reset_peak_memory,
-    SavedBytes,
     saved_bytes,
     time_steps,
 )
@@ -372,7 +372,8 @@ def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
              "range;\n"
              + ("accuracy = answer tokens right on held-out sequences;\n" if with_accuracy else "")
              + "ratio = mode / fp32; peak MB is the caching allocator's peak (n/a on CPU and "
-             "MPS);\nsaved activations = bytes autograd keeps for backward in one forward + loss, the weights\nleft out; cast weights = autocast's 16-bit weight copies it keeps too.")
+             "MPS);\nsaved activations = bytes autograd keeps for backward in one forward + loss, "
+             "the weights\nleft out; cast weights = autocast's 16-bit weight copies it keeps too.")
     if any(r.train_tflops is not None for r in results):
         flops_table = _table(
             ["mode", "GFLOP/step", "TFLOP/s", "MFU", "of matmul"],

@@ -60,12 +60,12 @@ from amp_tutorial.device import (
     tf32_state,
 )
 from amp_tutorial.measure import (
+    SavedBytes,
     StepTimer,
     busy,
     free_memory,
     peak_memory_bytes,
     reset_peak_memory,
-    SavedBytes,
     saved_bytes,
     why_noisy,
 )

@@ -118,9 +118,9 @@ def cpu_wait_s() -> float | None:
 def waited_between(before: dict[int, tuple[float, float]],
                    after: dict[int, tuple[float, float]]) -> tuple[float, int]:
     """What this process's threads waited for a CPU between two ``thread_cpu_stats`` readings
-    (seconds, summed over threads) and how many threads ran (or waited to) in between. Thread by thread: a
-    thread that started meanwhile counts from zero, and one that ended takes only what it waited
-    before the first reading with it (never a negative wait)."""
+    (seconds, summed over threads) and how many threads ran (or waited to) in between. Thread by
+    thread: a thread that started meanwhile counts from zero, and one that ended is left out
+    (what it waited after the first reading is unknown; never a negative wait)."""
     waited, ran = 0.0, 0
     for tid, (run_after, wait_after) in after.items():
         run_before, wait_before = before.get(tid, (0.0, 0.0))
