@@ -81,8 +81,8 @@ class ModeResult:
     train_peak_bytes: int | None
     infer_peak_bytes: int | None
     saved_activation_bytes: int  # activations saved for backward (``SavedBytes.activations``)
-    cast_weight_bytes: int  # autocast's 16-bit weight copies saved for backward
     final_loss: float
+    cast_weight_bytes: int = 0  # autocast's 16-bit weight copies saved for backward
     train_speedup: float = 1.0  # t_fp32 / t_mode
     infer_speedup: float = 1.0
     activation_ratio: float = 1.0  # bytes_mode / bytes_fp32

@@ -160,12 +160,14 @@ class Timing:
 
     ``waits``: per step, the seconds the process's threads waited for a CPU, summed over them
     (``waited_between``); ``threads``: per step, how many threads ran. Both empty where that is
-    not measured.
+    not measured. ``cpu``: per step, the process's CPU time in seconds (all its threads; time
+    spent waiting for a core is not in it).
     """
 
     samples: tuple[float, ...]
     waits: tuple[float, ...] = ()
     threads: tuple[int, ...] = ()
+    cpu: tuple[float, ...] = ()
 
     @property
     def median(self) -> float:
@@ -354,20 +356,23 @@ class StepTimer:
         self.warmup_samples: list[float] = []  # seconds, one per warm-up step
         self.waits: list[float] = []  # seconds waited for a CPU, one per timed step
         self.threads: list[int] = []  # threads that ran, one per timed step
+        self.cpu: list[float] = []  # the process's CPU seconds, one per timed step
 
     @contextmanager
     def step(self) -> Iterator[None]:
         """Time the block as one step (kept apart in ``warmup_samples`` while warming up)."""
         synchronize(self.device)
         before = thread_cpu_stats()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         yield
         synchronize(self.device)
         elapsed = time.perf_counter() - start
+        cpu = time.process_time() - cpu_start
         if self.steps_seen < self.warmup:
             self.warmup_samples.append(elapsed)
             return
         self.samples.append(elapsed)
+        self.cpu.append(cpu)
         after = thread_cpu_stats()
         if before is not None and after is not None:
             waited, threads = waited_between(before, after)
@@ -386,8 +391,8 @@ class StepTimer:
             raise ValueError(f"no timed step yet: {self.steps_seen} step(s) seen, "
                              f"the first {self.warmup} are warm-up")
         if len(self.waits) != len(self.samples):
-            return Timing(tuple(self.samples))
-        return Timing(tuple(self.samples), tuple(self.waits), tuple(self.threads))
+            return Timing(tuple(self.samples), cpu=tuple(self.cpu))
+        return Timing(tuple(self.samples), tuple(self.waits), tuple(self.threads), tuple(self.cpu))
 
 
 def time_steps(

@@ -202,7 +202,8 @@ def test_each_gain_is_printed_next_to_its_ceiling():
     table = bench.format_table(bench.select_device("cpu"), bench.get_preset("cpu"), results,
                                ceiling=ceiling)
     assert "bf16: training 2.05x, inference 2.50x, of a 2.20x matmul ceiling" in table
-    assert "matmul 2048x2048: fp32 172 (172-172); bf16 275 (275-275), 1.60x fp32" in table
+    assert ("matmul 2048x2048: fp32 172 GFLOP/s (172-172); bf16 275 GFLOP/s (275-275), "
+            "1.60x fp32") in table
 
 
 def test_an_emulated_dtype_gets_no_ceiling_and_the_line_says_why():

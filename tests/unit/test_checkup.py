@@ -950,7 +950,8 @@ def test_no_matmul_ceiling_is_stated_where_the_dtype_is_emulated():
     model, batch, loss_fn = make_clean()
     report = amp_checkup(model, batch, loss_fn, dtype=torch.bfloat16,
                          **{**OPTIONS, "ceiling": emulated})
-    assert [r["matmul ceiling (t_fp32 / t)"] for r in report.payoff_rows()] == [None, None]
+    assert [r["matmul ceiling (t_fp32 / t)"] for r in report.payoff_rows()] == [
+        "baseline", "none: emulated"]
     row = next(r for r in report.summary_rows() if r["finding"] == "matmul ceiling")
     assert row["value"] == "none" and "bf16 is emulated on this device" in row["why"]
     plain = amp_checkup(model, batch, loss_fn, dtype=torch.bfloat16, **OPTIONS)

@@ -1,0 +1,217 @@
+"""Comparing ways to run a step on a busy machine: interleaved, against a control.
+
+Runs timed one after the other see different loads: a class hub's other learners start and
+stop jobs, so a ratio of two separate runs' medians measures the load as much as AMP. Here the
+runs take turns, step by step, in palindromic blocks, and the answer comes with an interval and
+a control:
+
+- **order**: one block runs ``baseline, others..., control, control, ...others reversed,
+  baseline``. Each run's two steps sit at the same mean position in the block, so a load that
+  rises or falls steadily through a block slows every run alike (the ABBA design of
+  Kalibera and Jones, "Rigorous benchmarking in reasonable time", 2013).
+- **ratio**: per block, the baseline's two steps over the run's two (a speed-up:
+  ``t_baseline / t``, above 1 the run is faster); the median over blocks, with a 90% interval
+  from a bootstrap over blocks (``BOOTSTRAPS`` resamples, fixed seed, percentiles 5 and 95).
+- **control**: the baseline's twin (the same step built twice, e.g. a second identically seeded
+  fp32 model) is compared with the baseline the same way, an A/A comparison whose true answer is
+  1. A ratio is stated only when the control's interval holds 1 and both intervals are narrow
+  (each no wider than ``WIDE`` of its median); otherwise it says why.
+- **threads**: on a CPU whose warm-up steps waited for a core (over ``BUSY_WAIT`` of their time,
+  per thread), every run is timed on one thread and read in process CPU time: a step whose
+  threads wait for each other runs at its slowest thread's pace, and a busy machine slows
+  fp32's many short parallel regions more than emulated bf16's long ones, so with all threads
+  the ratio itself moves with the load. The answer is then per core, and says so.
+
+``docs/benchmark.md`` ("Comparing on a busy machine") has the measurements behind ``WIDE`` and
+``BUSY_WAIT``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from amp_tutorial.measure import UNTIMED_PRESETS, StepTimer, Timing
+
+BOOTSTRAPS = 2000  # resamples of the blocks for each interval
+# An interval wider than this share of its median says too little to state: measured on a 2-core
+# Zen 3 (docs/benchmark.md), idle intervals were 8-20% of their median, with 4 CPU hogs 20-45%
+WIDE = 0.5
+# Warm-up steps whose threads each waited for a CPU over this share of the time: the machine is
+# busy, so the comparison runs on one thread (idle, about 1% per thread)
+BUSY_WAIT = 0.1
+MIN_BLOCKS = 5  # fewer blocks give no interval worth the name
+
+
+def block_order(names: Sequence[str], baseline: str, control: str) -> list[str]:
+    """One block's order: the baseline, the other runs, the control twice, the other runs in
+    reverse, the baseline; every run twice, at the block's middle on average."""
+    others = [n for n in names if n not in (baseline, control)]
+    first = [baseline, *others, control]
+    return first + first[::-1]
+
+
+def median_interval(values: Sequence[float], seed: int = 0) -> tuple[float, float, float]:
+    """The median of ``values`` and its 90% bootstrap interval (percentiles 5 and 95 of the
+    medians of ``BOOTSTRAPS`` resamples drawn with replacement, a fixed seed)."""
+    data = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(seed)
+    medians = np.median(data[rng.integers(0, len(data), (BOOTSTRAPS, len(data)))], axis=1)
+    low, high = np.percentile(medians, [5, 95])
+    return float(np.median(data)), float(low), float(high)
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A speed-up ``t_baseline / t`` from interleaved blocks: its median and 90% interval."""
+
+    median: float
+    low: float
+    high: float
+    blocks: int
+
+    @property
+    def width(self) -> float:
+        """The interval's width as a share of the median."""
+        return (self.high - self.low) / self.median if self.median > 0 else float("inf")
+
+    def __str__(self) -> str:
+        return f"{self.median:.2f}x ({self.low:.2f}-{self.high:.2f})"
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """One run against the baseline, from interleaved steps: the ratio where it can be stated,
+    else why not. Reads like ``measure.Comparison`` (``ratio``, ``stated``, ``noise``), so the
+    lessons' tables and figures take either."""
+
+    name: str
+    baseline_name: str
+    estimate: Ratio
+    control: Ratio
+    basis: str  # what was timed: "wall time" or "CPU time, one thread per run"
+    preset: str
+    noisy_runs: dict[str, str] = field(default_factory=dict)  # never per run here: see noise
+
+    @property
+    def ratio(self) -> float:
+        return self.estimate.median
+
+    @property
+    def noise(self) -> str | None:
+        """Why the ratio is not a result here, or None when it is."""
+        if self.preset in UNTIMED_PRESETS:
+            return UNTIMED_PRESETS[self.preset]
+        if self.estimate.blocks < MIN_BLOCKS:
+            return f"{self.estimate.blocks} blocks are too few for an interval"
+        if not self.control.low <= 1 <= self.control.high:
+            return (f"{self.baseline_name} against itself gave {self.control}, not 1: the "
+                    "machine's load moved between steps")
+        for what, r in (("the interval", self.estimate), ("the control's interval", self.control)):
+            if r.width > WIDE:
+                return (f"{what}, {r.low:.2f}-{r.high:.2f}x, is {r.width:.0%} of its median "
+                        f"(more than {WIDE:.0%}): the machine was too busy to say")
+        return None
+
+    @property
+    def stated(self) -> float | None:
+        return None if self.noise else self.ratio
+
+    def __str__(self) -> str:
+        if self.preset in UNTIMED_PRESETS:
+            return (f"{self.name} against {self.baseline_name}: not compared here "
+                    f"({self.noise}); run at a larger preset")
+        if self.noise:
+            return (f"{self.name} against {self.baseline_name}: no ratio here ({self.noise}; "
+                    f"measured {self.estimate})")
+        change = (f"{1 - 1 / self.ratio:.0%} less time per step" if self.ratio > 1
+                  else f"{1 / self.ratio - 1:.0%} more time per step")
+        return (f"{self.name} ran at {self.estimate} the speed of {self.baseline_name} ({change}; "
+                f"90% interval, {self.estimate.blocks} interleaved blocks, {self.basis}; "
+                f"{self.baseline_name} against itself: {self.control})")
+
+
+@dataclass(frozen=True)
+class Interleaved:
+    """What ``interleave`` measured: each run's step timings and the comparisons they give."""
+
+    baseline: str
+    control: str
+    timings: dict[str, Timing]
+    threads: int | None  # torch's CPU threads while timing (None on a GPU)
+    one_thread: bool  # True where the machine was busy and each run got one thread
+    preset: str
+
+    @property
+    def basis(self) -> str:
+        return "CPU time, one thread per run" if self.one_thread else "wall time"
+
+    def _block_sums(self, name: str) -> list[float]:
+        timing = self.timings[name]
+        times = timing.cpu if self.one_thread and timing.cpu else timing.samples
+        return [times[i] + times[i + 1] for i in range(0, len(times) - 1, 2)]
+
+    def ratio(self, name: str, against: str | None = None) -> Ratio:
+        """``against``'s time over ``name``'s, block by block (default: the baseline's)."""
+        base = self._block_sums(against or self.baseline)
+        run = self._block_sums(name)
+        median, low, high = median_interval([b / r for b, r in zip(base, run, strict=True)])
+        return Ratio(median, low, high, len(run))
+
+    def comparison(self, name: str) -> PairedComparison:
+        return PairedComparison(name, self.baseline, self.ratio(name), self.ratio(self.control),
+                                self.basis, self.preset)
+
+    def comparisons(self) -> list[PairedComparison]:
+        """Every run but the baseline and its control, against the baseline."""
+        return [self.comparison(n) for n in self.timings if n not in (self.baseline, self.control)]
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int | None) -> Iterator[None]:
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def interleave(steps: Mapping[str, Callable[[], object]], baseline: str, control: str,
+               device: torch.device | str, blocks: int, warmup: int = 1, preset: str = "",
+               one_thread: bool | None = None, progress: bool = True) -> Interleaved:
+    """Call each run's ``step()`` in turn, ``blocks`` palindromic blocks of two steps per run
+    (``block_order``) after ``warmup`` untimed blocks, and time every step (``StepTimer``:
+    device synchronised around it, CPU waits and process CPU time read).
+
+    ``control`` names the baseline's twin (the same step, built again). ``one_thread``: None
+    decides on a CPU from the warm-up (its threads waited for a core over ``BUSY_WAIT`` of the
+    time: one thread); True or False forces it. Nothing changes on a GPU.
+    """
+    if baseline not in steps or control not in steps:
+        raise ValueError(f"steps need the baseline {baseline!r} and its control {control!r}")
+    if blocks < 1:
+        raise ValueError(f"blocks must be at least 1, got {blocks}")
+    order = block_order(list(steps), baseline, control)
+    on_cpu = torch.device(device).type == "cpu"
+    probe = StepTimer(device)
+    for name in order * max(warmup, 1):  # warm-up: kernels chosen, caches filled, load read
+        with probe.step():
+            steps[name]()
+    busy = on_cpu and (probe.timing.wait_share or 0.0) > BUSY_WAIT
+    single = on_cpu and (busy if one_thread is None else one_thread)
+    timers = {name: StepTimer(device) for name in steps}
+    with _torch_threads(1 if single else None):
+        threads = torch.get_num_threads() if on_cpu else None
+        for name in tqdm(order * blocks, desc="interleaved steps", disable=not progress):
+            with timers[name].step():
+                steps[name]()
+    return Interleaved(baseline, control, {n: t.timing for n, t in timers.items()}, threads,
+                       single, preset)
+
