@@ -41,7 +41,6 @@
 # %%
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from amp_tutorial.autocast_policy import has_autocast_kernel
 from amp_tutorial.data import make_problem
@@ -53,9 +52,9 @@ from amp_tutorial.device import (
     select_device,
     tf32_state,
 )
+from amp_tutorial.interleave import interleave
 from amp_tutorial.measure import (
     Comparison,
-    StepTimer,
     peak_memory_bytes,
     reset_peak_memory,
     saved_bytes,
@@ -64,6 +63,7 @@ from amp_tutorial.measure import (
 from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_bars, plot_image, plot_losses, plot_outputs
 from amp_tutorial.presets import get_preset
+from amp_tutorial.recorded import recorded_answers
 
 # %%
 info = select_device()
@@ -123,96 +123,67 @@ assert saved.activations > param_bytes
 # ## How we measure (and what the original blog got wrong)
 #
 # The ROCm blog this problem comes from timed each run with a context manager around the whole
-# 512-step loop. On entry it freed memory, reset the peak (`torch.cuda.reset_peak_memory_stats()`),
-# synchronised and read `time.time()`; on exit it read the clock, *then* synchronised, then read
-# `torch.cuda.max_memory_allocated()`. The memory part is sound. The time measured:
+# 512-step loop. It read the clock *before* synchronising the GPU (GPUs run asynchronously, so
+# work still queued was left out), timed the first steps (where MIOpen searches for kernels) with
+# the rest, kept one total (no spread), and called `1 - t_amp / t_fp32` = 46% a "speedup" (as a
+# speedup, `t_fp32 / t_amp`, that is 1 / (1 - 0.46) = 1.85x).
 #
-# - **a clock stopped before the GPU finished**: GPUs run asynchronously (a Python line returns
-#   once the work is *queued*), and the second clock read came before `torch.cuda.synchronize()`,
-#   so work still queued was left out of the total;
-# - **no warm-up**: the first steps, where MIOpen searches for kernels (seconds for a new shape on
-#   ROCm), were inside the timed total of each run;
-# - **one total**, so there was no spread to tell a real difference from noise;
-# - **"speedup: 46%"** that was `1 - t_amp / t_fp32`, the fraction of time saved; as a speedup
-#   (`t_fp32 / t_amp`) that is 1 / (1 - 0.46) = 1.85x.
+# The course's timer synchronises the device before every clock read, leaves warm-up steps
+# untimed and times every step. One more thing decides whether a comparison means anything on a
+# shared machine: **when** each run is timed. Timed one after the other, fp32 and AMP see
+# different loads (another learner's job starts between them). So the runs take turns, step by
+# step (`interleave`), and the answer is a ratio with an interval:
 #
-# `StepTimer` (from the course package) does it the other way round. The loop stays ours; we
-# wrap each step's body in `with timer.step():`, and the timer
+# - each block runs `fp32, AMP, fp32 again, fp32 again, AMP, fp32` (the order rotates from block
+#   to block): every run's two steps sit at the block's middle on average, so a load that changes
+#   during the block hits them alike. Per block, the ratio of the step times; over the blocks,
+#   the median and its 90% interval;
+# - **fp32 again** is a second, identical fp32 model: against the first, the true answer is
+#   1.00x. If this control says otherwise, or an interval is wider than half its median, no ratio
+#   is stated, and the line says why;
+# - where the warm-up shows other programs holding the CPU's cores, each run gets one thread and
+#   is read in CPU time. With all threads a step waits for its slowest thread, and the load moves
+#   the ratio itself: on a 2-core Zen 3 with four busy programs beside it, AMP bf16 read 0.66x
+#   fp32 with both threads, against 0.13-0.21x idle and 0.16x on one thread. The answer is then
+#   per core, and says so.
 #
-# - leaves the first few **warm-up** steps untimed (cuDNN / MIOpen pick their kernels on first
-#   use),
-# - **synchronises** the device before every clock read,
-# - times **every step** and reports the median and the interquartile range, not one total.
-#
-# Peak memory is **reset** before each run (and the previous run's tensors freed), and read from
-# PyTorch's caching allocator on GPUs. On CPU there is no allocator counter, so we also count what
-# AMP changes on every device: the bytes of tensors autograd **saves for backward**, split into
-# activations (what AMP halves) and autocast's 16-bit copies of the weights (what AMP adds). The
-# fp32 weights that backward also keeps exist in every mode, so they are left out (`saved_bytes`).
+# Peak memory is read from PyTorch's caching allocator on GPUs, over one more step of each run
+# with the peak reset before it. A CPU has no allocator counter, so we also count what AMP
+# changes on every device: the bytes autograd **saves for backward**, split into activations
+# (what AMP halves) and autocast's 16-bit copies of the weights (what AMP adds). The fp32 weights
+# that backward also keeps exist in every mode, so they are left out (`saved_bytes`).
 
 # %% [markdown]
-# ## 1. The fp32 baseline
+# ## 1. The fp32 step
 #
-# A standard loop: zero the gradients, forward, loss, backward, step. Adam with lr 1e-3, MSE loss.
+# A standard step: zero the gradients, forward, loss, backward, step. Adam with lr 1e-3, MSE loss.
+# `fp32_run` builds a fresh, seeded model and returns the step that trains it.
 
 # %%
 loss_fn = torch.nn.MSELoss()
 
 
-def predict(model):
-    """The trained model's output image, kept so the model itself can be freed."""
-    model.eval()
-    with torch.inference_mode():
-        return model(inputs).float().cpu()
-
-
-def after_training(model, amp_dtype=None):
-    """What a run reports besides losses and times: the allocator peak (read first), the bytes
-    saved for backward by one forward + loss (under autocast for AMP), and the output image."""
-    peak = peak_memory_bytes(info.device)
-
-    def forward_and_loss():
-        with torch.autocast(device_type=info.type, dtype=amp_dtype or torch.float32,
-                            enabled=amp_dtype is not None):
-            loss_fn(model(inputs), targets)
-
-    return {"peak": peak, "saved": saved_bytes(forward_and_loss, model),
-            "prediction": predict(model)}
-
-
-# %%
-def train_fp32():
+def fp32_run():
     torch.manual_seed(0)
-    reset_peak_memory(info.device)
     model = ConvModel(preset.hidden, preset.n_hidden_layers)
     model = model.to(info.device, memory_format=MEMORY_FORMAT)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    timer = StepTimer(info.device, warmup=preset.warmup)
     losses = []
 
-    for _ in tqdm(range(preset.warmup + preset.steps), desc="fp32"):
-        with timer.step():
-            optimizer.zero_grad(set_to_none=True)
-            outputs = model(inputs)
-            loss = loss_fn(outputs, targets)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        outputs = model(inputs)
+        loss = loss_fn(outputs, targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
 
-    return {"timing": timer.timing, "losses": losses, **after_training(model)}
+    return {"model": model, "step": step, "losses": losses}
 
-
-# %%
-baseline_name = fp32_baseline(info)
-runs = {baseline_name: train_fp32()}
-print(f"{baseline_name}: {runs[baseline_name]['timing']}")
-timed = runs[baseline_name]["timing"].samples
-assert len(runs[baseline_name]["losses"]) == preset.warmup + preset.steps  # every step trained
-assert len(timed) == preset.steps  # one time per step, the warm-up steps not timed
 
 # %% [markdown]
 # On NVIDIA Ampere and newer GPUs, "fp32" convolutions actually use **TF32** tensor cores unless
-# TF32 is switched off; the baseline's name above says which one you measured, and
+# TF32 is switched off; the baseline's name below says which one you measured, and
 # `pdm run bench --strict-fp32` compares against true fp32. Setting only the new
 # `torch.backends.cudnn.conv.fp32_precision = "ieee"` leaves RNNs on TF32 and makes the legacy
 # getters (`torch.backends.cudnn.allow_tf32`) raise, which `torch.backends.cudnn.flags()` and some
@@ -225,7 +196,7 @@ print(f"torch {torch.__version__}: fp32_precision settings "
       f"TF32 allowed now: {tf32_state()}")
 
 # %% [markdown]
-# ## 2. The AMP loop
+# ## 2. The AMP step
 #
 # Three changes, each marked:
 #
@@ -234,54 +205,95 @@ print(f"torch {torch.__version__}: fp32_precision settings "
 #    gradients do not flush to zero (`scaler.scale(loss)`), and `scaler.step` un-scales them,
 #    skips the step if any is inf/NaN, and `scaler.update()` adapts the factor (lesson 02);
 # 3. for **bfloat16**, which has fp32's range, no scaler is needed: `enabled=False` turns every
-#    scaler call into a plain pass-through, so one loop serves both.
+#    scaler call into a plain pass-through, so one step serves both.
 
 # %%
-def train_amp(amp_dtype):
+def amp_run(amp_dtype):
     torch.manual_seed(0)
-    reset_peak_memory(info.device)
     model = ConvModel(preset.hidden, preset.n_hidden_layers)
     model = model.to(info.device, memory_format=MEMORY_FORMAT)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler(info.type, enabled=info.needs_grad_scaler(amp_dtype))  # (2, 3)
-    timer = StepTimer(info.device, warmup=preset.warmup)
     losses = []
 
-    for _ in tqdm(range(preset.warmup + preset.steps), desc=dtype_name(amp_dtype)):
-        with timer.step():
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(device_type=info.type, dtype=amp_dtype):  # (1) forward + loss
-                outputs = model(inputs)
-                loss = loss_fn(outputs, targets)
-            scaler.scale(loss).backward()  # (2) scaled loss -> scaled gradients
-            scaler.step(optimizer)  # unscale, skip if inf/NaN, else optimizer.step()
-            scaler.update()  # adapt the scale factor
-            losses.append(loss.item())
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=info.type, dtype=amp_dtype):  # (1) forward + loss
+            outputs = model(inputs)
+            loss = loss_fn(outputs, targets)
+        scaler.scale(loss).backward()  # (2) scaled loss -> scaled gradients
+        scaler.step(optimizer)  # unscale, skip if inf/NaN, else optimizer.step()
+        scaler.update()  # adapt the scale factor
+        losses.append(loss.item())
 
-    return {"timing": timer.timing, "losses": losses, "scaler": scaler.is_enabled(),
-            **after_training(model, amp_dtype)}
+    return {"model": model, "step": step, "losses": losses, "scaler": scaler.is_enabled(),
+            "amp_dtype": amp_dtype}
+
+
+# %% [markdown]
+# ## 3. Training them side by side
+#
+# Every run trains the same number of steps from the same weights; `interleave` calls their
+# steps in turn and times each one.
+
+# %%
+baseline_name = fp32_baseline(info)
+control = f"{baseline_name} again"  # the same fp32 run built twice: compared, 1.00x
+runs = {baseline_name: fp32_run(), control: fp32_run(),
+        **{f"AMP {dtype_name(d)}": amp_run(d) for d in info.amp_dtypes}}
+timed = interleave({name: r["step"] for name, r in runs.items()}, baseline_name, control,
+                   info.device, blocks=preset.steps // 2, warmup=preset.warmup,
+                   preset=preset.name)
+print(f"timed in {timed.basis}" + (f" (torch threads: {timed.threads})" if timed.threads else ""))
+for name, r in runs.items():
+    r["timing"] = timed.timings[name]
+    print(f"{name}{' (with GradScaler)' if r.get('scaler') else ''}: {r['timing']}")
+if info.type == "cpu":  # identical twins on a CPU: the same losses, bit for bit
+    assert runs[baseline_name]["losses"] == runs[control]["losses"]
 
 
 # %%
-for amp_dtype in info.amp_dtypes:
-    name = f"AMP {dtype_name(amp_dtype)}"
-    runs[name] = train_amp(amp_dtype)
-    print(f"{name} ({'with' if runs[name]['scaler'] else 'no'} GradScaler): {runs[name]['timing']}")
+def after_training(r):
+    """What a run reports besides losses and times: the allocator peak over one more step (the
+    peak reset before it), the bytes saved for backward by one forward + loss (under autocast
+    for AMP), and the output image."""
+    reset_peak_memory(info.device)
+    r["step"]()
+    peak = peak_memory_bytes(info.device)
+    model, amp_dtype = r["model"], r.get("amp_dtype")
+
+    def forward_and_loss():
+        with torch.autocast(device_type=info.type, dtype=amp_dtype or torch.float32,
+                            enabled=amp_dtype is not None):
+            loss_fn(model(inputs), targets)
+
+    model.eval()
+    with torch.inference_mode():
+        prediction = model(inputs).float().cpu()
+    model.train()
+    return {"peak": peak, "saved": saved_bytes(forward_and_loss, model), "prediction": prediction}
+
+
+for r in runs.values():
+    r.update(after_training(r))
+shown = {name: r for name, r in runs.items() if name != control}  # the control's job is done
 
 # %% [markdown]
-# ## 3. Results
+# ## 4. Results
 
 # %%
 base = runs[baseline_name]
+comparisons = {c.name: c for c in timed.comparisons()}
 results = pd.DataFrame({
     name: {
-        **timing_columns(r["timing"], base["timing"], r["peak"], preset.name),
+        **timing_columns(r["timing"], base["timing"], r["peak"], preset.name,
+                         comparisons.get(name)),
         "saved activations (MB)": r["saved"].activations / 2**20,
         "cast weights (MB)": r["saved"].cast_weights / 2**20,
         "activations vs fp32": r["saved"].activations / base["saved"].activations,
         "final loss": r["losses"][-1],
     }
-    for name, r in runs.items()
+    for name, r in shown.items()
 }).T
 results.round(4)
 
@@ -289,32 +301,27 @@ results.round(4)
 # What the table must show, whatever the device (checked): AMP keeps at most about half the
 # activation bytes of fp32, and its loss falls just as fp32's does. Time is a measurement, not a
 # rule: the sentence below is written from this run's numbers, in whichever direction they went,
-# with the cause where it is known, and only where they can be trusted: a timing whose quartile
-# range is more than a quarter of its median, or whose threads waited for a CPU more than a
-# quarter of the time (a shared, busy machine: `StepTimer` reads Linux's per-thread
-# `schedstat`), or the `smoke` preset (far too small: overheads fill the step) gives no ratio,
-# in the sentence or in the table (NaN); the figure further down then draws its time bars pale,
-# with the reason under them (its whiskers show each timing's spread). On a CPU without native
-# bf16, bf16 is slower than fp32 at every size; the device line at the top says whether this CPU
-# has it, and why bf16 is slow if not.
+# and only where they can be trusted (the control near 1.00x, narrow intervals, not the `smoke`
+# preset, whose steps are all overhead); otherwise it says why, the table shows NaN, the figure
+# further down draws its time bars pale, and the answer recorded on a quiet machine like yours is
+# printed beside your own. On a CPU without native bf16, bf16 is slower than fp32 at every size;
+# the device line at the top says whether this CPU has it.
 
 # %%
-for name, r in runs.items():
+for name, r in shown.items():
     assert r["losses"][-1] < r["losses"][0], f"{name}: the loss did not go down"
     assert torch.isfinite(torch.tensor(r["losses"])).all(), f"{name}: non-finite loss"
     if name != baseline_name:
         ratio = r["saved"].activations / base["saved"].activations
-        limit = 1.3 if info.type == "mps" else 0.55  # MPS keeps BatchNorm in fp32: section 4
+        limit = 1.3 if info.type == "mps" else 0.55  # MPS keeps BatchNorm in fp32: section 5
         assert ratio <= limit, f"{name} saved {ratio:.2f} of fp32's activation bytes"
         assert r["losses"][-1] < 2 * base["losses"][-1] + 0.01, f"{name} trained much worse"
-comparisons = [Comparison(name, baseline_name, r["timing"], base["timing"], preset.name)
-               for name, r in runs.items() if name != baseline_name]
 print(f"On {info.name} ({info.backend}), preset {preset.name}:")
-for c in comparisons:
-    emulated = info.type == "cpu" and info.native_bf16 is False and "bf16" in c.name
-    cause = ", because bf16 is not native here" if emulated and c.ratio < 1 else ""
-    print(f"  {c}{cause if c.stated else ''}; it kept "
-          f"{results.loc[c.name, 'activations vs fp32']:.0%} of fp32's activation bytes")
+for c in comparisons.values():
+    print(f"  {c}; it kept {results.loc[c.name, 'activations vs fp32']:.0%} of fp32's "
+          "activation bytes")
+    for answer in ([] if c.stated else recorded_answers(f"03 train {c.name.split()[-1]}", info)):
+        print(f"    recorded: {answer}")
 
 # %% [markdown]
 # ### When AMP adds memory
@@ -372,7 +379,7 @@ from amp_tutorial.ceiling import SIZES, matmul_ceiling
 
 ceiling = matmul_ceiling(info, SIZES[preset.name])
 print("\n".join(ceiling.lines()))
-for c in comparisons:
+for c in comparisons.values():
     dtype = c.name.split()[-1]  # "AMP bf16" -> "bf16"
     if dtype in ceiling.low_dtypes and c.stated:
         print(f"{c.name}: training {c.stated:.2f}x, {ceiling.describe(dtype, c.stated)}")
@@ -385,25 +392,25 @@ bars = {"time per step (ms)": results["time/step median (ms)"].to_dict(),
         "saved activations (MB)": results["saved activations (MB)"].to_dict()}
 if info.has_allocator_stats:
     bars["peak memory (MB)"] = results["peak memory (MB)"].to_dict()
-noise = Comparison.why_no_ratio(comparisons)  # why the bars give no ratio, or None
+noise = Comparison.why_no_ratio(comparisons.values())  # why the bars give no ratio, or None
 fig = plot_bars(bars, f"fp32 vs AMP training on {info.type} ({preset.name} preset); "
                 "whiskers: ± half the IQR",
                 errors={"time per step (ms)": results["time/step IQR (ms)"].div(2).to_dict()},
                 noise={"time per step (ms)": noise})
 
 # %%
-fig = plot_losses({n: r["losses"] for n, r in runs.items()}, "Training loss, fp32 vs AMP")
+fig = plot_losses({n: r["losses"] for n, r in shown.items()}, "Training loss, fp32 vs AMP")
 
 # %% [markdown]
 # Both curves should fall together: AMP changes how each step is computed, not what is learned.
 # Finally, what each model predicts, next to the target:
 
 # %%
-predictions = {"target": targets, **{name: r["prediction"] for name, r in runs.items()}}
+predictions = {"target": targets, **{name: r["prediction"] for name, r in shown.items()}}
 fig = plot_outputs(predictions, "Target and each run's prediction (same colour scale)")
 
 # %% [markdown]
-# ## 4. The same count under a GPU's autocast
+# ## 5. The same count under a GPU's autocast
 #
 # Which tensors autograd saves, and in which dtype, is autocast's decision, so it can be counted
 # for a GPU on any machine: the model and the image are built as **fake** CUDA tensors (shapes and
@@ -461,8 +468,8 @@ assert has_rule == {"cpu": False, "cuda": False, "xpu": False, "mps": True}
 # 3. **Start the scale too high.** On the fp16 path (a GPU, or a CPU with
 #    `AMP_TUTORIAL_DTYPE=float16`), pass `init_scale=2.0**30` to the `GradScaler` in section 2. Each
 #    step that overflows is skipped and halves the scale, so the fp16 loss curve starts flat until
-#    the scale is back near 2^16. Measured on a CPU: the first 15 of 67 steps at `cpu`; at `smoke`
-#    all 14, so section 3's check stops with "AMP fp16: the loss did not go down".
+#    the scale is back near 2^16: at least 14 steps (2^30 / 2^16 is 14 halvings). At `smoke`, 17
+#    steps in all, that is most of the run, and section 4's loss check may stop the lesson.
 
 # %% [markdown]
 # ## What to remember

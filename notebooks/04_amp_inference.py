@@ -49,17 +49,18 @@ from tqdm.auto import tqdm
 
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import device_line, dtype_name, fp32_baseline, select_device
+from amp_tutorial.interleave import interleave
 from amp_tutorial.measure import (
     Comparison,
     activation_output_bytes,
     peak_memory_bytes,
     reset_peak_memory,
-    time_steps,
     timing_columns,
 )
 from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_bars, plot_outputs
 from amp_tutorial.presets import get_preset
+from amp_tutorial.recorded import recorded_answers
 from amp_tutorial.steps import make_train_step
 
 info = select_device()
@@ -107,23 +108,30 @@ def make_infer_amp(amp_dtype):
 
 # %%
 baseline_name = fp32_baseline(info)
-candidates = {baseline_name: infer_fp32}
+control = f"{baseline_name} again"  # the same forward timed twice: compared, 1.00x
+candidates = {baseline_name: infer_fp32, control: infer_fp32}
 candidates.update({f"AMP {dtype_name(d)}": make_infer_amp(d) for d in info.amp_dtypes})
+timed = interleave({name: lambda f=infer: f(0) for name, infer in candidates.items()},
+                   baseline_name, control, info.device, blocks=preset.inference_steps // 2,
+                   warmup=preset.warmup, preset=preset.name)  # taking turns, as in lesson 03
+comparisons = {c.name: c for c in timed.comparisons()}
+print(f"timed in {timed.basis}" + (f" (torch threads: {timed.threads})" if timed.threads else ""))
 
 runs = {}
 for name, infer in candidates.items():
+    if name == control:
+        continue
     reset_peak_memory(info.device)
-    timing, outputs = time_steps(infer, preset.inference_steps, info.device, preset.warmup,
-                                 desc=name, keep_all=False)  # one output alive, not every one
+    output = infer(0)  # one more forward, the allocator's peak reset before it
     runs[name] = {
-        "timing": timing,
+        "timing": timed.timings[name],
         "peak": peak_memory_bytes(info.device),
         "layer outputs": activation_output_bytes(model, lambda f=infer: f(0)),
-        "prediction": outputs[-1].float(),
-        "dtype": outputs[-1].dtype,
+        "prediction": output.float(),
+        "dtype": output.dtype,
     }
-    del outputs
-    print(f"{name:>28}: {timing}, output dtype {runs[name]['dtype']}")
+    del output
+    print(f"{name:>28}: {runs[name]['timing']}, output dtype {runs[name]['dtype']}")
 
 # %% [markdown]
 # `layer outputs` adds up the bytes of every layer's output in one forward pass: the activations
@@ -138,7 +146,8 @@ for name, infer in candidates.items():
 base = runs[baseline_name]
 results = pd.DataFrame({
     name: {
-        **timing_columns(r["timing"], base["timing"], r["peak"], preset.name),
+        **timing_columns(r["timing"], base["timing"], r["peak"], preset.name,
+                         comparisons.get(name)),
         "layer outputs (MB)": r["layer outputs"] / 2**20,
         "max |prediction - fp32|": (r["prediction"] - base["prediction"]).abs().max().item(),
     }
@@ -162,13 +171,11 @@ print(f"AMP {saving} the activation bytes, and its predictions match fp32 to wit
       "(targets span 0 to 1).")
 
 # %%
-comparisons = [Comparison(name, baseline_name, r["timing"], base["timing"], preset.name)
-               for name, r in runs.items() if name != baseline_name]  # the course's one rule
 bars = {"time per forward (ms)": results["time/step median (ms)"].to_dict(),
         "layer outputs (MB)": results["layer outputs (MB)"].to_dict()}
 if info.has_allocator_stats:
     bars["peak memory (MB)"] = results["peak memory (MB)"].to_dict()
-noise = Comparison.why_no_ratio(comparisons)  # why the bars give no ratio, or None
+noise = Comparison.why_no_ratio(comparisons.values())  # why the bars give no ratio, or None
 fig = plot_bars(bars, f"fp32 vs AMP inference on {info.type} ({preset.name} preset); "
                 "whiskers: ± half the IQR",
                 errors={"time per forward (ms)": results["time/step IQR (ms)"].div(2).to_dict()},
@@ -196,11 +203,13 @@ fig = plot_outputs(images, "Predictions served in fp32 and under autocast")
 # saved is in the activations alive during the forward pass. This run measured:
 
 # %%
-for c in comparisons:
+for c in comparisons.values():
     emulated = info.type == "cpu" and info.native_bf16 is False and "bf16" in c.name
     cause = " (this CPU has no native bf16, see the device line)" if emulated else ""
     print(f"inference on {info.name}, preset {preset.name}: {c}"
           f"{cause if c.stated and c.ratio < 1 else ''}")
+    for answer in ([] if c.stated else recorded_answers(f"04 infer {c.name.split()[-1]}", info)):
+        print(f"  recorded: {answer}")
 
 # %% [markdown]
 # ## Try it

@@ -210,8 +210,12 @@ class Ceiling:
         is where it is not a ceiling."""
         top = self.ceiling(dtype)
         if top is None:
-            return (f"no matmul ceiling ({dtype} matmul {self.best_ratio(dtype):.2f}x fp32 "
-                    f"here, but {self.why_no_ceiling(dtype)})")
+            quiet = self.quiet_sizes(dtype)  # a ratio only from rates that are not noise
+            if not quiet:
+                return f"no matmul ceiling ({self.why_no_ceiling(dtype)})"
+            ratio = max(self.ratio(n, dtype) for n in quiet)
+            return (f"no matmul ceiling ({dtype} matmul {ratio:.2f}x fp32 here, but "
+                    f"{self.why_no_ceiling(dtype)})")
         share = f" ({gain / top:.0%})" if gain is not None else ""
         return f"of a {top:.2f}x matmul ceiling{share}"
 

@@ -307,19 +307,26 @@ class Comparison:
 
 
 def timing_columns(timing: Timing, baseline: Timing, peak_bytes: int | None,
-                   preset: str = "") -> dict[str, float]:
+                   preset: str = "", comparison: object | None = None) -> dict[str, float]:
     """The columns every fp32-against-AMP results table starts with: median and IQR per step in
-    ms, the speedup over the baseline (t_fp32 / t, medians; NaN where ``Comparison`` says the
-    timings cannot be compared: a spread over ``NOISY_SPREAD`` or an untimed preset) and the
-    allocator's peak in MB (NaN where there is no allocator peak, as on a CPU).
+    ms, the speedup over the baseline (t_fp32 / t; NaN where the comparison says the timings
+    cannot be compared) and the allocator's peak in MB (NaN where there is no allocator peak, as
+    on a CPU). The speedup is ``comparison.stated`` where a comparison is given (e.g. an
+    ``interleave.PairedComparison``), 1.0 for the baseline itself, else ``Comparison``'s rule.
     """
-    stated = Comparison("run", "baseline", timing, baseline, preset).stated
+    if comparison is not None:
+        stated = comparison.stated
+    elif timing is baseline:
+        stated = 1.0
+    else:
+        stated = Comparison("run", "baseline", timing, baseline, preset).stated
     return {
         "time/step median (ms)": timing.median * 1e3,
         "time/step IQR (ms)": timing.iqr * 1e3,
         "speedup (t_fp32 / t)": float("nan") if stated is None else stated,
         "peak memory (MB)": peak_bytes / 2**20 if peak_bytes is not None else float("nan"),
     }
+
 
 def _quantile(values: tuple[float, ...], q: float) -> float:
     ordered = sorted(values)

@@ -170,6 +170,11 @@ def test_an_emulated_dtype_s_ratio_is_not_called_a_ceiling():
     assert words.startswith("no matmul ceiling (bf16 matmul 2.00x fp32 here")
     assert "emulated" in words
     assert emulated.as_dict()["ceilings"] == {"bf16": None}
+    # lesson 03 beside busy programs said "bf16 matmul 0.55x fp32 here" from a NOISY fp32 rate
+    noisy = dict(QUIET)
+    noisy[(512, "fp32")] = noisy[(256, "fp32")] = (0.012, 0.200, 0.400)
+    words = _ceiling(noisy, emulated=("bf16",)).describe("bf16", 0.13)
+    assert "x fp32" not in words and "emulated" in words
 
 
 def test_a_rate_whose_spread_is_a_large_share_of_its_median_is_noise():
