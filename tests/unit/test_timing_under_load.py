@@ -3,7 +3,8 @@ while processes that burst on and off take the CPU, and every comparison it prin
 the one rule (amp_tutorial.measure.Comparison): a ratio only where both timings' spread is at most
 NOISY_SPREAD of the median and their threads did not wait for a CPU (on Linux, which says how
 long they waited: never, beside these hogs), "too noisy to compare here" otherwise, never both;
-and no other line states a time ratio. Lessons 04 (inference), 13 (attention kernels) and 16 (FP8
+and no other line states a time ratio. Lesson 04 compares interleaved (amp_tutorial.interleave):
+its lines state a ratio with its interval and the A/A control, or none with the reason. Lessons 04 (inference), 13 (attention kernels) and 16 (FP8
 training, where torchao imports) are run. The lesson and the hogs share one core (CPU affinity),
 so the rest of the suite, beside it in CI, keeps the others."""
 
@@ -30,7 +31,8 @@ HOG = ("import random, time\nrandom.seed({seed})\nwhile True:\n"
        "    time.sleep(random.uniform(0, 0.08))\n")
 # lesson -> the comparisons (run, baseline) it must print, from its timings' names
 LESSONS = {
-    "04_amp_inference.py": lambda names: [(n, "fp32") for n in names if n != "fp32"],
+    "04_amp_inference.py": lambda names: [(n, "fp32") for n in names
+                                          if n not in ("fp32", "fp32 again")],
     "13_amp_attention.py": lambda names: [(n, n.replace("math", "default")) for n in names
                                           if n.endswith(" math")],
     "16_fp8_training.py": lambda names: [("FP8 + bf16 AMP", "bf16 AMP")],
@@ -46,7 +48,7 @@ def comparison(line: str, names: list[str]) -> tuple[str, str] | None:
     for name in sorted(names, key=len, reverse=True):  # "AMP bf16" before "bf16"
         for base in names:
             if (f"{name} against {base}: " in line
-                    or (f"{name} ran at " in line and f"x the speed of {base} (" in line)):
+                    or (f"{name} ran at " in line and f" the speed of {base} (" in line)):
                 return name, base
     return None
 
@@ -83,6 +85,13 @@ def test_a_busy_machine_gets_no_ratio_stated_from_noisy_timings(lesson: str,
             assert not TIME_RATIO.search(line), f"a time ratio outside the rule: {line}"
             continue
         said[pair] = line
+        if "interleaved blocks" in line or "no ratio here (" in line:
+            # interleave's rule (lesson 04): a ratio with its interval and the A/A control, or
+            # none with the reason and what was measured; never both
+            stated = " the speed of " in line
+            assert stated != ("no ratio here (" in line), line
+            assert ("fp32 against itself: " in line) if stated else "measured " in line, line
+            continue
         wide = max(spreads[pair[0]], spreads[pair[1]]) > NOISY_SPREAD
         # the hogs share the lesson's core all along: every step waits for it, so where Linux
         # says how long, no ratio is stated even from steps that agree with each other
