@@ -4,8 +4,9 @@ the one rule (amp_tutorial.measure.Comparison): a ratio only where both timings'
 NOISY_SPREAD of the median and their threads did not wait for a CPU (on Linux, which says how
 long they waited: never, beside these hogs), "too noisy to compare here" otherwise, never both;
 and no other line states a time ratio. Lesson 04 compares interleaved (amp_tutorial.interleave):
-its lines state a ratio with its interval and the A/A control, or none with the reason. Lessons 04 (inference), 13 (attention kernels) and 16 (FP8
-training, where torchao imports) are run. The lesson and the hogs share one core (CPU affinity),
+its lines state a ratio with its interval and the A/A control, or none with the reason.
+Lessons 04 (inference), 13 (attention kernels) and 16 (FP8 training, where torchao imports) are
+run. The lesson and the hogs share one core (CPU affinity),
 so the rest of the suite, beside it in CI, keeps the others."""
 
 from __future__ import annotations
