@@ -380,8 +380,9 @@ def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
             [[r.mode, f"{r.train_flops / 1e9:.4g}", f"{r.train_tflops:.3g}", percent(r.mfu),
               percent(r.of_matmul)] for r in results if r.train_tflops is not None])
         memory_table += ("\n\nUtilization (training; MFU = achieved / the GPU's datasheet peak "
-                         "of the dtype, of matmul = achieved / the matmul rate measured below)\n"
-                         + flops_table)
+                         "of the dtype it computes in: the fp32 row's against fp32's or TF32's, "
+                         "several times lower,\nso compare rows by time or TFLOP/s; of matmul = "
+                         "achieved / the matmul rate measured below)\n" + flops_table)
     text = f"{header}\n\nTime\n{time_table}\n\nMemory\n{memory_table}\n\n{notes}"
     if ceiling is None:
         return text

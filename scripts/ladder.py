@@ -161,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     sweep_rows: list[SweepRow] = []
     if "ladder" in args.parts:
         deadline = None if args.budget is None else started + 0.6 * args.budget
-        print("\nThe ladder (MFU: achieved / datasheet peak of the dtype; of matmul: achieved / "
-              "the measured matmul rate of that dtype)", flush=True)
+        print("\nThe ladder (MFU: achieved / datasheet peak of the dtype it computes in, so an "
+              "fp32 rung's is against fp32's or TF32's lower peak: compare rungs by time or "
+              "TFLOP/s; of matmul: achieved / the measured matmul rate of that dtype)", flush=True)
         ladder_rows = run_ladder(info, sizes, ceiling, deadline, on_row=lambda r: print(
             "  " + " | ".join(v for v in rung_line(r) if v), flush=True), **options)
         print(table(LADDER_COLUMNS, [rung_line(r) for r in ladder_rows]))
