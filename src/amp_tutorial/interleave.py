@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from amp_tutorial.measure import UNTIMED_PRESETS, StepTimer, Timing
+from amp_tutorial.measure import UNTIMED_PRESETS, StepTimer, Timing, comparison_words
 
 BOOTSTRAPS = 2000  # resamples of the blocks for each interval
 # An interval wider than this share of its median says too little to state: measured on a 2-core
@@ -132,17 +132,10 @@ class PairedComparison:
         return None if self.noise else self.ratio
 
     def __str__(self) -> str:
-        if self.preset in UNTIMED_PRESETS:
-            return (f"{self.name} against {self.baseline_name}: not compared here "
-                    f"({self.noise}); run at a larger preset")
-        if self.noise:
-            return (f"{self.name} against {self.baseline_name}: no ratio here ({self.noise}; "
-                    f"measured {self.estimate})")
-        change = (f"{1 - 1 / self.ratio:.0%} less time per step" if self.ratio > 1
-                  else f"{1 / self.ratio - 1:.0%} more time per step")
-        return (f"{self.name} ran at {self.estimate} the speed of {self.baseline_name} ({change}; "
-                f"90% interval, {self.estimate.blocks} interleaved blocks, {self.basis}; "
-                f"{self.baseline_name} against itself: {self.control})")
+        return comparison_words(
+            self, str(self.estimate), f"90% interval, {self.estimate.blocks} interleaved blocks, "
+            f"{self.basis}; {self.baseline_name} against itself: {self.control}",
+            f"no ratio here ({self.noise}; measured {self.estimate})")
 
 
 @dataclass(frozen=True)

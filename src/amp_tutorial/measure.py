@@ -294,16 +294,24 @@ class Comparison:
         return None if self.noise else self.ratio
 
     def __str__(self) -> str:
-        if self.preset in UNTIMED_PRESETS:
-            return (f"{self.name} against {self.baseline_name}: not compared here "
-                    f"({self.noise}); run at a larger preset")
-        if self.noise:
-            return (f"{self.name} against {self.baseline_name}: too noisy to compare here "
-                    f"({self.noise}); rerun on an idle machine")
-        change = (f"{1 - 1 / self.ratio:.0%} less time per step" if self.ratio > 1
-                  else f"{1 / self.ratio - 1:.0%} more time per step")
-        return (f"{self.name} ran at {self.ratio:.2f}x the speed of {self.baseline_name} "
-                f"({change}; t_{self.baseline_name} / t, medians)")
+        return comparison_words(self, f"{self.ratio:.2f}x", f"t_{self.baseline_name} / t, medians",
+                                f"too noisy to compare here ({self.noise}); rerun on an idle "
+                                "machine")
+
+
+def comparison_words(c: Comparison, ratio: str, how: str, unstated: str) -> str:
+    """The sentence for a comparison ``c`` (``name``, ``baseline_name``, ``preset``, ``ratio``,
+    ``noise``): "<name> ran at <ratio> the speed of <baseline> (<change>; <how>)" where it is
+    stated, "<name> against <baseline>: <unstated>" where it is not, and "not compared here" at
+    an untimed preset."""
+    if c.preset in UNTIMED_PRESETS:
+        return (f"{c.name} against {c.baseline_name}: not compared here ({c.noise}); run at a "
+                "larger preset")
+    if c.noise:
+        return f"{c.name} against {c.baseline_name}: {unstated}"
+    change = (f"{1 - 1 / c.ratio:.0%} less time per step" if c.ratio > 1
+              else f"{1 / c.ratio - 1:.0%} more time per step")
+    return f"{c.name} ran at {ratio} the speed of {c.baseline_name} ({change}; {how})"
 
 
 def timing_columns(timing: Timing, baseline: Timing, peak_bytes: int | None,

@@ -35,30 +35,26 @@ class Recorded:
 
 _INTERLEAVED = "interleaved blocks, 90% interval"
 _SEPARATE = "separate runs, medians, the machine to itself"
-RECORDED: tuple[Recorded, ...] = (
-    Recorded("03 train bf16", "cpu", False, "a 2-core AMD EPYC Zen 3 (AVX2; bf16 emulated)",
-             "2026-12-07", "small", "2.14.1", "0.13x (0.13-0.14) per core, one thread",
-             _INTERLEAVED),
-    Recorded("03 train bf16", "cpu", True,
-             "a 2-core AMD EPYC Zen 4 (AVX512-BF16, no AMX)", "2026-11-24", "cpu", "2.14.1",
-             "2.00x", _SEPARATE),
-    Recorded("03 train bf16", "cpu", True,
-             "a 2-core Intel Xeon (AVX512-BF16, AMX)", "2026-11-26", "cpu", "2.14.1",
-             "2.10-2.17x over three runs", _SEPARATE),
-    Recorded("04 infer bf16", "cpu", False, "a 2-core AMD EPYC Zen 3 (AVX2; bf16 emulated)",
-             "2026-12-07", "small", "2.14.1", "0.10x (0.08-0.11) per core, one thread",
-             _INTERLEAVED),
-    Recorded("04 infer bf16", "cpu", True,
-             "a 2-core AMD EPYC Zen 4 (AVX512-BF16, no AMX)", "2026-11-26", "cpu", "2.14.1",
-             "2.46x", _SEPARATE),
-    Recorded("04 infer bf16", "cpu", True,
-             "a 2-core Intel Xeon (AVX512-BF16, AMX)", "2026-11-26", "cpu", "2.14.1",
-             "2.41-2.84x over three runs", _SEPARATE),
-    Recorded("03 train fp16", "cuda", None, "an NVIDIA H100 80GB (fp32 with TF32 convolutions)",
-             "2026-11-27", "paper", "2.11.0", "1.43x", _SEPARATE),
-    Recorded("03 train bf16", "cuda", None, "an NVIDIA H100 80GB (fp32 with TF32 convolutions)",
-             "2026-11-27", "paper", "2.11.0", "1.39x", _SEPARATE),
-)
+# (device type, native bf16, machine)
+_ZEN3 = ("cpu", False, "a 2-core AMD EPYC Zen 3 (AVX2; bf16 emulated)")
+_ZEN4 = ("cpu", True, "a 2-core AMD EPYC Zen 4 (AVX512-BF16, no AMX)")
+_XEON = ("cpu", True, "a 2-core Intel Xeon (AVX512-BF16, AMX)")
+_H100 = ("cuda", None, "an NVIDIA H100 80GB (fp32 with TF32 convolutions)")
+# question, machine, date, preset, torch, answer, method
+RECORDED: tuple[Recorded, ...] = tuple(Recorded(q, *m, *rest) for q, m, *rest in (
+    ("03 train bf16", _ZEN3, "2026-12-07", "small", "2.14.1", "0.13x (0.13-0.14) per core, one "
+     "thread", _INTERLEAVED),
+    ("03 train bf16", _ZEN4, "2026-11-24", "cpu", "2.14.1", "2.00x", _SEPARATE),
+    ("03 train bf16", _XEON, "2026-11-26", "cpu", "2.14.1", "2.10-2.17x over three runs",
+     _SEPARATE),
+    ("04 infer bf16", _ZEN3, "2026-12-07", "small", "2.14.1", "0.10x (0.08-0.11) per core, one "
+     "thread", _INTERLEAVED),
+    ("04 infer bf16", _ZEN4, "2026-11-26", "cpu", "2.14.1", "2.46x", _SEPARATE),
+    ("04 infer bf16", _XEON, "2026-11-26", "cpu", "2.14.1", "2.41-2.84x over three runs",
+     _SEPARATE),
+    ("03 train fp16", _H100, "2026-11-27", "paper", "2.11.0", "1.43x", _SEPARATE),
+    ("03 train bf16", _H100, "2026-11-27", "paper", "2.11.0", "1.39x", _SEPARATE),
+))
 
 
 def recorded_answers(question: str, info: DeviceInfo) -> list[Recorded]:
