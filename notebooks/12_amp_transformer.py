@@ -41,17 +41,18 @@
 # run starts from the same weights and sees the same batches.
 
 # %%
+import itertools
+
 import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from amp_tutorial.attention import fused_for_training
 from amp_tutorial.device import device_line, dtype_name, fp32_baseline, select_device
+from amp_tutorial.interleave import interleave
 from amp_tutorial.measure import (
     Comparison,
-    StepTimer,
     peak_memory_bytes,
     reset_peak_memory,
     saved_bytes,
@@ -106,7 +107,8 @@ del model, logits
 #
 # The loop of lesson 03, with cross-entropy and AdamW: only the forward pass and the loss run under
 # `torch.autocast`; float16 needs the GradScaler, bfloat16 does not (`enabled=False` makes every
-# scaler call a pass-through). Measured per run: time per step (median and IQR after warm-up,
+# scaler call a pass-through). The runs take turns step by step against an fp32 twin, as in
+# lesson 03 (`interleave`). Measured per run: time per step (median and IQR after warm-up,
 # device synchronised), the bytes saved for backward, the allocator peak (GPUs), every step's
 # loss and the held-out accuracy.
 
@@ -120,38 +122,45 @@ def saved_and_accuracy(model, amp_dtype):
 
 
 # %%
-def train(amp_dtype):
-    """Train a fresh, identically seeded model; amp_dtype=None is the fp32 baseline."""
+def new_run(amp_dtype):
+    """A fresh, identically seeded model and its training step (each call trains on the next
+    batch); amp_dtype=None is the fp32 baseline."""
     use_amp = amp_dtype is not None
     torch.manual_seed(0)
-    reset_peak_memory(info.device)
     model = DecoderTransformer(config).to(info.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sizes.lr)
     scaler = torch.amp.GradScaler(info.type, enabled=use_amp and info.needs_grad_scaler(amp_dtype))
-    timer = StepTimer(info.device, warmup=sizes.warmup)  # the first steps are not timed
-    losses = []
-    label = dtype_name(amp_dtype) if use_amp else fp32_baseline(info)
-    for inputs, targets in tqdm(train_batches, desc=label):  # warmup + steps batches
-        with timer.step():
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(device_type=info.type, dtype=amp_dtype or torch.float32,
-                                enabled=use_amp):  # forward + loss only
-                loss = sequence_loss(model(inputs), targets)
-            scaler.scale(loss).backward()  # a pass-through unless the scaler is enabled (fp16)
-            scaler.step(optimizer)
-            scaler.update()
-            losses.append(loss.item())
-    return {"timing": timer.timing, "losses": losses, "peak": peak_memory_bytes(info.device),
-            **saved_and_accuracy(model, amp_dtype)}  # the peak is read first, then these
+    batches, losses = itertools.cycle(train_batches), []
+
+    def step():
+        inputs, targets = next(batches)
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=info.type, dtype=amp_dtype or torch.float32,
+                            enabled=use_amp):  # forward + loss only
+            loss = sequence_loss(model(inputs), targets)
+        scaler.scale(loss).backward()  # a pass-through unless the scaler is enabled (fp16)
+        scaler.step(optimizer)
+        scaler.update()
+        losses.append(loss.item())
+
+    return {"model": model, "step": step, "losses": losses, "amp_dtype": amp_dtype}
 
 
 # %%
 baseline = fp32_baseline(info)
-runs = {baseline: train(None)}
-for amp_dtype in info.amp_dtypes:
-    runs[f"AMP {dtype_name(amp_dtype)}"] = train(amp_dtype)
+control = f"{baseline} again"  # an identical fp32 run: against the first, 1.00x (lesson 03)
+runs = {baseline: new_run(None), control: new_run(None),
+        **{f"AMP {dtype_name(d)}": new_run(d) for d in info.amp_dtypes}}
+timed = interleave({name: r["step"] for name, r in runs.items()}, baseline, control,
+                   info.device, blocks=sizes.steps // 2, warmup=max(1, sizes.warmup // 2),
+                   preset=preset.name)
 for name, r in runs.items():
-    print(f"{name:9s} {r['timing']}; held-out accuracy {r['accuracy']:.3f}")
+    reset_peak_memory(info.device)
+    r["step"]()  # one more step, the allocator's peak reset before it
+    r.update(timing=timed.timings[name], peak=peak_memory_bytes(info.device),
+             **saved_and_accuracy(r["model"], r["amp_dtype"]))
+    print(f"{name:13s} {r['timing']}; held-out accuracy {r['accuracy']:.3f}")
+runs.pop(control)  # the control's job is done: its comparison is printed below
 
 # %% [markdown]
 # The benchmark (`pdm run bench --model transformer`) runs `make_sequence_train_step` from the
@@ -172,9 +181,11 @@ del check_model, check_step
 
 # %%
 base = runs[baseline]
+comparisons = {c.name: c for c in timed.comparisons()}
 results = pd.DataFrame({
     name: {
-        **timing_columns(r["timing"], base["timing"], r["peak"], preset.name),
+        **timing_columns(r["timing"], base["timing"], r["peak"], preset.name,
+                         comparisons.get(name)),
         "saved activations (MB)": r["saved"].activations / 2**20,
         "cast weights (MB)": r["saved"].cast_weights / 2**20,
         "activations vs fp32": r["saved"].activations / base["saved"].activations,
@@ -222,9 +233,7 @@ for name, r in runs.items():
             assert r["peak"] < base["peak"], f"{name}: allocator peak not below fp32"
 if info.type == "cpu":
     print(f"native bf16 on this CPU: {info.native_bf16}", *info.notes, sep="\n  ")
-comparisons = [Comparison(name, baseline, r["timing"], base["timing"], preset.name)
-               for name, r in runs.items() if name != baseline]
-for c in comparisons:
+for c in comparisons.values():
     print(f"On {info.name}, preset {preset.name}: {c}; it saved "
           f"{results.loc[c.name, 'activations vs fp32']:.2f} of fp32's activation bytes.")
 
@@ -238,7 +247,7 @@ bars = {"time per step (ms)": results["time/step median (ms)"].to_dict(),
         "saved activations (MB)": results["saved activations (MB)"].to_dict()}
 if info.has_allocator_stats:
     bars["peak memory (MB)"] = results["peak memory (MB)"].to_dict()
-noise = Comparison.why_no_ratio(comparisons)  # why the bars give no ratio, or None
+noise = Comparison.why_no_ratio(comparisons.values())  # why the bars give no ratio, or None
 fig = plot_bars(bars, f"Transformer training on {info.type}: fp32 vs AMP ({preset.name} preset); "
                 "whiskers: ± half the IQR",
                 errors={"time per step (ms)": results["time/step IQR (ms)"].div(2).to_dict()},
