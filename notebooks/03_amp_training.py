@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     learner_minutes: 35
+#     learner_minutes: 40
 #     memory:
 #       cpu: 258
 #       paper: 2056
@@ -81,16 +81,9 @@ print(device_line(info, preset))
 # the fp32 and the AMP runs use the same layout, so the comparison stays fair;
 # `pdm run bench --memory-format contiguous` measures the NCHW layout on your device.
 #
-# **channels_last is not fast everywhere.** On AMD GPUs PyTorch hands MIOpen NHWC tensors only
-# when `PYTORCH_MIOPEN_SUGGEST_NHWC=1` is set (`miopen_conv_suggest_memory_format` in PyTorch's
-# `aten/src/ATen/native/ConvUtils.h`, torch 2.14); otherwise the first convolution makes its
-# channels_last input contiguous (NCHW) and returns NCHW, so the rest of the network runs in NCHW
-# and the switch only adds a copy of the input. With it set, MIOpen's NHWC
-# kernels are weaker than its NCHW ones on consumer (RDNA) GPUs: on a Radeon RX 7900 XTX, 1x1 NHWC
-# fp16 convolutions, this course's kind, measured 2-4x slower than the same work as a GEMM
-# ([lightvector/KataGo#1237](https://github.com/lightvector/KataGo/pull/1237)). On such a GPU
-# measure both layouts (`pdm run bench --memory-format contiguous`) and set `MEMORY_FORMAT` below
-# to the faster one.
+# **channels_last is not fast everywhere**: on AMD GPUs MIOpen gets NHWC tensors only with
+# `PYTORCH_MIOPEN_SUGGEST_NHWC=1`, and its NHWC kernels can be slower than its NCHW ones
+# (docs/benchmark.md, "Memory layout"). There, measure both and set `MEMORY_FORMAT` below.
 
 # %%
 MEMORY_FORMAT = torch.channels_last  # the switch: torch.contiguous_format for NCHW
@@ -129,23 +122,19 @@ assert saved.activations > param_bytes
 # speedup, `t_fp32 / t_amp`, that is 1 / (1 - 0.46) = 1.85x).
 #
 # The course's timer synchronises the device before every clock read, leaves warm-up steps
-# untimed and times every step. One more thing decides whether a comparison means anything on a
-# shared machine: **when** each run is timed. Timed one after the other, fp32 and AMP see
-# different loads (another learner's job starts between them). So the runs take turns, step by
-# step (`interleave`), and the answer is a ratio with an interval:
+# untimed and times every step. On a shared machine one more thing decides whether a comparison
+# means anything: **when** each run is timed. Timed one after the other, fp32 and AMP see
+# different loads. So the runs take turns, step by step (`interleave`):
 #
-# - each block runs `fp32, AMP, fp32 again, fp32 again, AMP, fp32` (the order rotates from block
-#   to block): every run's two steps sit at the block's middle on average, so a load that changes
-#   during the block hits them alike. Per block, the ratio of the step times; over the blocks,
-#   the median and its 90% interval;
-# - **fp32 again** is a second, identical fp32 model: against the first, the true answer is
-#   1.00x. If this control says otherwise, or an interval is wider than half its median, no ratio
-#   is stated, and the line says why;
-# - where the warm-up shows other programs holding the CPU's cores, each run gets one thread and
-#   is read in CPU time. With all threads a step waits for its slowest thread, and the load moves
-#   the ratio itself: on a 2-core Zen 3 with four busy programs beside it, AMP bf16 read 0.66x
-#   fp32 with both threads, against 0.13-0.21x idle and 0.16x on one thread. The answer is then
-#   per core, and says so.
+# - each block runs `fp32, AMP, fp32 again, fp32 again, AMP, fp32` (rotated from block to
+#   block), so a load that changes during the block hits every run alike. Per block, the ratio of
+#   the step times; over the blocks, the median and its 90% interval;
+# - **fp32 again** is an identical fp32 model, a control whose true answer is 1.00x. If it says
+#   otherwise, or an interval is wider than half its median, no ratio is stated, and the line
+#   says why and prints the answer recorded on a quiet machine like yours;
+# - where the warm-up shows other programs holding the cores, each run gets one thread and is
+#   read in CPU time (the answer is then per core): with all threads a step waits for its slowest
+#   thread, and the load moves the ratio itself (on a busy 2-core Zen 3, 0.66x instead of 0.16x).
 #
 # Peak memory is read from PyTorch's caching allocator on GPUs, over one more step of each run
 # with the peak reset before it. A CPU has no allocator counter, so we also count what AMP
@@ -184,11 +173,8 @@ def fp32_run():
 # %% [markdown]
 # On NVIDIA Ampere and newer GPUs, "fp32" convolutions actually use **TF32** tensor cores unless
 # TF32 is switched off; the baseline's name below says which one you measured, and
-# `pdm run bench --strict-fp32` compares against true fp32. Setting only the new
-# `torch.backends.cudnn.conv.fp32_precision = "ieee"` leaves RNNs on TF32 and makes the legacy
-# getters (`torch.backends.cudnn.allow_tf32`) raise, which `torch.backends.cudnn.flags()` and some
-# of `torch.compile`'s code read. `amp_tutorial.device.set_strict_fp32(True)` sets convolutions,
-# RNNs and matmuls to strict fp32 and keeps the legacy flags in step, on torch 2.9 to 2.14:
+# `pdm run bench --strict-fp32` compares against true fp32 (`device.set_strict_fp32(True)` sets
+# it for convolutions, RNNs and matmuls, legacy flags included: docs/benchmark.md):
 
 # %%
 print(f"torch {torch.__version__}: fp32_precision settings "
@@ -300,12 +286,8 @@ results.round(4)
 # %% [markdown]
 # What the table must show, whatever the device (checked): AMP keeps at most about half the
 # activation bytes of fp32, and its loss falls just as fp32's does. Time is a measurement, not a
-# rule: the sentence below is written from this run's numbers, in whichever direction they went,
-# and only where they can be trusted (the control near 1.00x, narrow intervals, not the `smoke`
-# preset, whose steps are all overhead); otherwise it says why, the table shows NaN, the figure
-# further down draws its time bars pale, and the answer recorded on a quiet machine like yours is
-# printed beside your own. On a CPU without native bf16, bf16 is slower than fp32 at every size;
-# the device line at the top says whether this CPU has it.
+# rule: the sentence below states this run's ratio only where it can be trusted (see "How we
+# measure"; never at `smoke`, whose steps are all overhead), else NaN in the table and pale bars.
 
 # %%
 for name, r in shown.items():
@@ -328,11 +310,10 @@ for c in comparisons.values():
 #
 # This network's activations dwarf its weights. Turn that round: four 1024x1024 `Linear` layers
 # on a batch of 2. In fp32, backward keeps the weights themselves, which exist anyway; under
-# autocast it keeps the 16-bit copies autocast made of them, new memory (three of the four: the
-# first layer's input needs no gradient, so its weight is not kept). The activations halve, but
-# two rows of them are nothing beside 6 MB of copies. A batch of 1024 tips it back: the
-# activations grow with the batch, the copies do not. So does keeping the weights themselves in
-# bf16 (lesson 15: then there is no copy).
+# autocast it keeps 16-bit copies of them, new memory (three of four: the first layer's input
+# needs no gradient). Halving two rows of activations is nothing beside 6 MB of copies. A batch
+# of 1024 tips it back (activations grow with the batch, copies do not), and so do weights kept
+# in bf16 themselves (lesson 15: then there is no copy).
 
 # %%
 wide = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)]).to(info.device)
@@ -356,23 +337,14 @@ for batch in (2, 1024):
 #
 # The ConvModel's 1x1 convolutions are matmuls over the pixels; the rest of a step (BatchNorm,
 # ReLU, autocast's casts, the optimizer) is passes over memory. Roughly the most AMP can gain in
-# a matmul-bound step is what a low-precision matmul gains over fp32 on this device, measured now
-# (`matmul_ceiling`: n x n matmuls at two sizes, 2n³ FLOPs each, median GFLOP/s of timed calls,
-# quartile range in brackets; on CUDA the fp32 matmul runs in TF32 when cuDNN's convolutions do,
-# as the fp32 baseline's do by default). A gain below it is what the rest of the step costs; the
-# passes over memory gain too (half the bytes), so a memory-bound step can beat it. On a 2-core
-# EPYC Zen 4 (AVX512-BF16, no AMX), bf16 matmuls ran about 2.2x fp32 and this model trained 2.0x
-# faster at `cpu`; AMX lifts the ceiling further.
-#
-# Two cases get no ceiling, and the line says why instead:
-# - **bf16 emulated** (a CPU without AVX512-BF16 or AMX): the ratio printed is only how a plain
-#   bf16 matmul fares against fp32 there (near 1 with AVX-512, far below with AVX2 only, where
-#   ATen's reference gemm runs it). The model's convolutions take another path, so the model can
-#   beat it: on a 2-core Zen 3 (AVX2) at `smoke` it trained at 0.22x against a 0.07x matmul.
-# - **noisy timings**: a rate whose quartile range is more than a quarter of its median (a busy
-#   machine) is marked NOISY and left out; with no quiet size left there is no ceiling.
-#
-# `pdm run bench` prints the same line for both course models.
+# a matmul-bound step is what a low-precision matmul gains over fp32 here, measured now
+# (`matmul_ceiling`: n x n matmuls at two sizes, median GFLOP/s, quartile range in brackets; on
+# CUDA the fp32 matmul uses TF32 where the baseline's convolutions do). On a 2-core EPYC Zen 4
+# (AVX512-BF16) bf16 matmuls ran about 2.2x fp32 and this model trained 2.0x faster at `cpu`.
+# Two cases get no ceiling, and the line says why: **bf16 emulated** (no AVX512-BF16 or AMX; the
+# model's convolutions take another slow path than the timed matmul, so the model can beat its
+# ratio), and **noisy timings** (a rate marked NOISY is left out). `pdm run bench` prints the
+# same line for both course models.
 
 # %%
 from amp_tutorial.ceiling import SIZES, matmul_ceiling

@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     learner_minutes: 35
+#     learner_minutes: 40
 #     memory:
 #       cpu: 234
 #       paper: 3463
