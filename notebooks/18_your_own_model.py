@@ -136,7 +136,8 @@ ops
 # and AMP from the same weights (judged against fp32's own spread: fp32 rerun from weights moved
 # by one rounding step of the AMP dtype, since a few Adam steps on a small batch can move fp32
 # itself by more than 5%), then time per step and memory, measured as `pdm run bench`
-# measures them (warm-up untimed, median and spread, saved activations counted exactly; peak
+# measures them (warm-up untimed, median and spread, saved activations counted exactly and
+# autocast's weight copies apart; a cell with no figure says why in a word or two; peak
 # memory from the allocator where the device has one), beside this machine's matmul ceiling.
 
 # %%

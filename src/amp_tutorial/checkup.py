@@ -577,7 +577,8 @@ class Checkup:
             rows.append({"run": self.tf32_label(mode), "time/step median (ms)":
                          round(self.timing_ms[mode], 3),
                          "time/step IQR (ms)": round(self.timing_iqr_ms[mode], 3),
-                         "speedup (t_fp32 / t)": ("none: noisy" if self.speed_noise else
+                         "speedup (t_fp32 / t)": (1.0 if mode == "fp32" else "none: noisy"
+                                                  if self.speed_noise else
                                                   round(self.timing_ms["fp32"]
                                                         / self.timing_ms[mode], 2)),
                          "peak memory (MB)": round(peak / 2**20, 2) if peak is not None
