@@ -84,6 +84,9 @@ MIN_UPDATES = 2  # applied AMP updates compared with fp32's before agreement is 
 # more than AGREEMENT from so small a change (a tiny batch, Adam's sign-like first steps, a
 # model near a cliff), the curves are judged against SPREAD_FACTOR times that spread instead.
 NUDGES = 2
+# Loss curves are compared relative to fp32's loss, but never to less than this share of fp32's
+# first loss: a loss trained to near 0 would make any rounding look like a 100% gap
+LOSS_FLOOR = 0.01
 SPREAD_FACTOR = 2
 INIT_SCALE = 2.0**16  # GradScaler's default init_scale
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -1031,9 +1034,15 @@ def _fp32_spread(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn 
                             0, device)[0]
         if not all(map(math.isfinite, losses)):
             return math.inf
-        worst = max([worst] + [abs(a - b) / max(abs(b), 1e-12)
+        worst = max([worst] + [loss_gap(a, b, losses32[0])
                                for a, b in zip(losses, losses32, strict=True)])
     return worst
+
+
+def loss_gap(loss: float, fp32: float, fp32_first: float) -> float:
+    """``loss``'s distance from fp32's ``fp32`` relative to ``fp32``, or to ``LOSS_FLOOR`` of
+    fp32's first loss where fp32's has fallen below that (1e-12 at the very least)."""
+    return abs(loss - fp32) / max(abs(fp32), LOSS_FLOOR * abs(fp32_first), 1e-12)
 
 
 def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advice]:
@@ -1275,8 +1284,7 @@ def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
     # a skipped step leaves the weights as they were: AMP's loss after k applied updates is
     # compared with fp32's after k updates
     applied = [sum(not s for s in skipped[:i]) for i in range(len(skipped))]
-    gaps = [abs(a - losses32[k]) / max(abs(losses32[k]), 1e-12)
-            for a, k in zip(losses_amp, applied, strict=True)]
+    gaps = [loss_gap(a, losses32[k], losses32[0]) for a, k in zip(losses_amp, applied, strict=True)]
     gap = max(gaps) if all(math.isfinite(x) for x in losses_amp) else math.inf
     spread = _fp32_spread(model, initial, batch, loss_fn, step, make_optimizer, steps, device,
                           dtype, losses32)

@@ -956,3 +956,14 @@ def test_no_matmul_ceiling_is_stated_where_the_dtype_is_emulated():
     assert row["value"] == "none" and "bf16 is emulated on this device" in row["why"]
     plain = amp_checkup(model, batch, loss_fn, dtype=torch.bfloat16, **OPTIONS)
     assert plain.payoff_rows()[1]["matmul ceiling (t_fp32 / t)"] == 2.0
+
+
+def test_a_loss_trained_to_near_zero_is_judged_against_a_floor():
+    """Issue 61: relative to a loss near 0, any rounding looked like a huge gap (1e-6 against 0
+    read as 1e6). Below 1% of fp32's first loss, the gap is taken relative to that floor."""
+    from amp_tutorial.checkup import LOSS_FLOOR, loss_gap
+
+    assert loss_gap(0.51, 0.5, 1.0) == pytest.approx(0.02)  # the usual relative gap
+    assert loss_gap(1e-6, 0.0, 1.0) == pytest.approx(1e-6 / LOSS_FLOOR)  # 1e-4, not 1e6
+    assert loss_gap(2e-3, 1e-3, 1.0) == pytest.approx(1e-3 / LOSS_FLOOR)  # under the floor
+    assert loss_gap(1.0, 0.0, 0.0) == pytest.approx(1e12)  # nothing to scale by: still a gap
