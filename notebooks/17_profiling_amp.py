@@ -188,9 +188,8 @@ fig = plot_op_times(op_dtype_rows(events["transformer"]),
 # (`torch.cuda.memory._record_memory_history`); `torch.cuda.memory._snapshot()` returns the
 # record, and `_dump_snapshot` writes a file that https://pytorch.org/memory_viz draws. These are
 # underscore APIs: documented on PyTorch's "Understanding CUDA Memory Usage" page, but they may
-# change. On every device, including the CPU, the course counts the bytes autograd saves for
-# backward (`saved_bytes`): the activations, which autocast halves, apart from the 16-bit
-# weight copies it adds (the fp32 weights backward keeps exist anyway and are left out).
+# change. On every device the course counts the bytes autograd saves for backward
+# (`saved_bytes`): the activations autocast halves, apart from the 16-bit weight copies it adds.
 
 # %%
 if info.type == "cuda":
