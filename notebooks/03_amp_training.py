@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     learner_minutes: 40
+#     learner_minutes: 35
 #     memory:
 #       cpu: 258
 #       paper: 2056
@@ -55,9 +55,8 @@ from amp_tutorial.device import (
 from amp_tutorial.interleave import interleave
 from amp_tutorial.measure import (
     Comparison,
-    peak_memory_bytes,
-    reset_peak_memory,
     saved_bytes,
+    step_peak,
     timing_columns,
 )
 from amp_tutorial.models import ConvModel
@@ -243,9 +242,7 @@ def after_training(r):
     """What a run reports besides losses and times: the allocator peak over one more step (the
     peak reset before it), the bytes saved for backward by one forward + loss (under autocast
     for AMP), and the output image."""
-    reset_peak_memory(info.device)
-    r["step"]()
-    peak = peak_memory_bytes(info.device)
+    _, peak = step_peak(r["step"], info.device)
     model, amp_dtype = r["model"], r.get("amp_dtype")
 
     def forward_and_loss():

@@ -53,8 +53,7 @@ from amp_tutorial.interleave import interleave
 from amp_tutorial.measure import (
     Comparison,
     activation_output_bytes,
-    peak_memory_bytes,
-    reset_peak_memory,
+    step_peak,
     timing_columns,
 )
 from amp_tutorial.models import ConvModel
@@ -121,11 +120,10 @@ runs = {}
 for name, infer in candidates.items():
     if name == control:
         continue
-    reset_peak_memory(info.device)
-    output = infer(0)  # one more forward, the allocator's peak reset before it
+    output, peak = step_peak(lambda f=infer: f(0), info.device)  # one more forward
     runs[name] = {
         "timing": timed.timings[name],
-        "peak": peak_memory_bytes(info.device),
+        "peak": peak,
         "layer outputs": activation_output_bytes(model, lambda f=infer: f(0)),
         "prediction": output.float(),
         "dtype": output.dtype,

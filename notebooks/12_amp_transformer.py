@@ -53,9 +53,8 @@ from amp_tutorial.device import device_line, dtype_name, fp32_baseline, select_d
 from amp_tutorial.interleave import interleave
 from amp_tutorial.measure import (
     Comparison,
-    peak_memory_bytes,
-    reset_peak_memory,
     saved_bytes,
+    step_peak,
     timing_columns,
 )
 from amp_tutorial.plots import plot_bars, plot_block_dtypes, plot_losses
@@ -155,9 +154,8 @@ timed = interleave({name: r["step"] for name, r in runs.items()}, baseline, cont
                    info.device, blocks=sizes.steps // 2, warmup=max(1, sizes.warmup // 2),
                    preset=preset.name)
 for name, r in runs.items():
-    reset_peak_memory(info.device)
-    r["step"]()  # one more step, the allocator's peak reset before it
-    r.update(timing=timed.timings[name], peak=peak_memory_bytes(info.device),
+    _, peak = step_peak(r["step"], info.device)  # one more step, the peak reset before it
+    r.update(timing=timed.timings[name], peak=peak,
              **saved_and_accuracy(r["model"], r["amp_dtype"]))
     print(f"{name:13s} {r['timing']}; held-out accuracy {r['accuracy']:.3f}")
 runs.pop(control)  # the control's job is done: its comparison is printed below

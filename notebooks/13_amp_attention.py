@@ -49,13 +49,8 @@ from amp_tutorial.attention import attention_ops, backend_runs, fused_for_traini
 from amp_tutorial.autocast_policy import has_autocast_kernel, trace_dtypes
 from amp_tutorial.device import device_line, dtype_name, select_device
 from amp_tutorial.exercises.masked_attention import check_masked_attention
-from amp_tutorial.measure import (
-    Comparison,
-    peak_memory_bytes,
-    reset_peak_memory,
-    saved_bytes,
-    time_steps,
-)
+from amp_tutorial.interleave import MIN_BLOCKS, interleave
+from amp_tutorial.measure import saved_bytes, step_peak
 from amp_tutorial.presets import get_preset
 
 info = select_device()
@@ -236,11 +231,10 @@ elif info.type == "cuda" and torch.version.hip is None:
 # **The cost of the fallback.** The math backend is attention written out: `q @ k.T`, scale,
 # mask, softmax, `@ v`. It materialises the (seq x seq) score matrix per head and saves it for
 # backward; the fused kernels do not. Measured at this preset's attention size, forward and
-# backward, the default kernel against math forced with `sdpa_kernel(SDPBackend.MATH)`: each
-# step is timed with the course's `time_steps` (median and quartiles of the timed steps, after
-# one untimed warm-up), and the bytes autograd saves are counted with `saved_bytes`
-# (`amp_tutorial.attention.attention_cost` measures the same in one call, but keeps only the
-# median and IQR, and the time comparison below needs the steps themselves).
+# backward, the default kernel against math forced with `sdpa_kernel(SDPBackend.MATH)`: the two
+# take turns step by step with a second default run as the control (`interleave`, lesson 03),
+# and the bytes autograd saves are counted with `saved_bytes`
+# (`amp_tutorial.attention.attention_cost` measures one backend alone, in one call).
 
 # %%
 def attention_step(backend, dtype):
@@ -253,7 +247,7 @@ def attention_step(backend, dtype):
         with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    def step(_):
+    def step():
         attend().sum().backward()
         q.grad = k.grad = v.grad = None
 
@@ -261,27 +255,30 @@ def attention_step(backend, dtype):
 
 
 # %%
-timings, cost = {}, {}
+timed, cost = {}, {}
 for dt in dtypes:
-    for name, backend in (("default", None), ("math", SDPBackend.MATH)):
-        run = f"{dtype_name(dt)} {name}"
-        step, attend = attention_step(backend, dt)
-        reset_peak_memory(info.device)
-        timings[run], _ = time_steps(step, max(3, sizes.steps // 4), info.device, warmup=1,
-                                     progress=False)
-        peak = peak_memory_bytes(info.device)
-        cost[run] = {"time fwd+bwd median (ms)": timings[run].median * 1e3,
-                     "IQR (ms)": timings[run].iqr * 1e3,
+    d = dtype_name(dt)
+    runs = {f"{d} {name}": attention_step(backend, dt) for name, backend in
+            (("default", None), ("default again", None), ("math", SDPBackend.MATH))}
+    timed[d] = interleave({run: step for run, (step, _) in runs.items()}, f"{d} default",
+                          f"{d} default again", info.device, warmup=1, preset=preset.name,
+                          blocks=max(MIN_BLOCKS, sizes.steps // 8), progress=False)
+    for run in (f"{d} default", f"{d} math"):
+        step, attend = runs[run]
+        _, peak = step_peak(step, info.device)  # one more step, the peak reset before it
+        timing = timed[d].timings[run]
+        cost[run] = {"time fwd+bwd median (ms)": timing.median * 1e3,
+                     "IQR (ms)": timing.iqr * 1e3,
                      "saved for backward (MB)": saved_bytes(attend).new / 2**20,
                      "peak (MB)": peak / 2**20 if peak is not None else float("nan")}
-        print(f"{run}: {timings[run]}")
+        print(f"{run}: {timing}")
 cost = pd.DataFrame(cost).T
 cost.round(3)
 
 # %% [markdown]
-# Whether math is slower is read off the course's one timing rule (`Comparison`, as in lesson
-# 03): a ratio only where both timings' quartile range is at most a quarter of the median and the
-# preset is big enough to time; otherwise the line says why there is none here.
+# Whether math is slower is read as in lesson 03: the median of the per-block ratios with its 90%
+# interval, stated only where the control (default against default) holds 1.0 and both intervals
+# are narrow, at a preset big enough to time; otherwise the line says why there is none here.
 
 # %%
 score_elements = sizes.batch * heads * sizes.seq_len**2  # one (seq x seq) matrix per head
@@ -289,8 +286,7 @@ for dt in dtypes:
     d = dtype_name(dt)
     default, math = cost.loc[f"{d} default"], cost.loc[f"{d} math"]
     saved_x = math["saved for backward (MB)"] / default["saved for backward (MB)"]
-    c = Comparison(f"{d} math", f"{d} default", timings[f"{d} math"], timings[f"{d} default"],
-                   preset.name)
+    c = timed[d].comparison(f"{d} math")
     print(f"{d}: math keeps {saved_x:.2f}x the bytes of the default kernel; {c}")
     element = torch.finfo(dt).bits // 8
     assert math["saved for backward (MB)"] * 2**20 >= score_elements * element  # the matrix

@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     learner_minutes: 35
+#     learner_minutes: 40
 #     memory:
 #       cpu: 258
 #       paper: 3464
@@ -42,9 +42,9 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
-from tqdm.auto import tqdm
 
 from amp_tutorial.device import device_line, dtype_name, select_device
+from amp_tutorial.interleave import interleave
 from amp_tutorial.measure import Comparison, StepTimer, fresh_compile_cache
 from amp_tutorial.models import course_models
 from amp_tutorial.plots import plot_bars
@@ -122,7 +122,9 @@ assert traced.loc["convolution", "autocast on"] == traced.loc["convolution", "au
 # ## 2. Eager and compiled, fp32 and AMP, side by side
 #
 # Compiling happens on the first call, so that call is timed on its own and reported as the
-# compile time (first call minus a median step); the step times come from the calls after it.
+# compile time (first call minus a median step); the step times come from the calls after it,
+# every run of a model taking turns step by step beside a second eager fp32 run, the control
+# (`interleave`, lesson 03).
 # Inductor needs a C++ compiler on CPUs (and Triton on GPUs). At the `smoke` preset the lesson
 # uses the `aot_eager` backend instead: it captures the same graphs but generates no code, which
 # keeps the test suite fast and says nothing about speed, and it compiles only the AMP runs. The
@@ -150,48 +152,69 @@ print(f"compile backend: {BACKEND} ({backend_reason})")
 
 
 # %%
-def train(model_name, amp_dtype, compiled, steps):
+def new_run(model_name, amp_dtype, compiled):
+    """A fresh seeded model and its training step (lesson 03's loop), eager or compiled."""
     make_model, inputs, targets, loss_fn = MODELS[model_name]
     model = make_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     scaler = torch.amp.GradScaler(
         info.type, enabled=amp_dtype is not None and info.needs_grad_scaler(amp_dtype))
     net = torch.compile(model, backend=BACKEND) if compiled else model
-    label = f"{'compiled' if compiled else 'eager'} {dtype_name(amp_dtype)}"
-    timer = StepTimer(info.device, warmup=max(preset.warmup, 1))  # the first step compiles
     losses = []
-    for _ in tqdm(range(timer.warmup + steps), desc=f"{model_name} {label}"):
-        with timer.step():
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(info.type, dtype=amp_dtype or torch.float32,
-                                enabled=amp_dtype is not None):
-                loss = loss_fn(net(inputs), targets)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            losses.append(loss.item())
-    timing, first = timer.timing, timer.warmup_samples[0]
-    return {"model": model_name, "run": label, "timing": timing, "losses": losses,
-            "compile_s": first - timing.median if compiled else float("nan")}
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(info.type, dtype=amp_dtype or torch.float32,
+                            enabled=amp_dtype is not None):
+            loss = loss_fn(net(inputs), targets)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        losses.append(loss.item())
+
+    label = f"{'compiled' if compiled else 'eager'} {dtype_name(amp_dtype)}"
+    return {"model": model_name, "run": label, "step": step, "losses": losses}
+
+
+def first_call_s(step):
+    """The first call's seconds, device synchronised: a compiled step compiles in it."""
+    timer = StepTimer(info.device, warmup=1)
+    with timer.step():
+        step()
+    return timer.warmup_samples[0]
 
 
 # %%
-compile_runs = []
+compile_runs, timed = [], {}
 with fresh_compile_cache():  # Inductor's on-disk cache starts empty: cold compiles
     for model_name in MODELS:
-        for compiled in (False, True):
+        runs = {}
+        for compiled, amp_dtype in ((False, None), (False, LOW), (True, None), (True, LOW)):
             if compiled and BACKEND is None:
-                print(f"{model_name}: compiled runs skipped: {backend_reason}")
+                print(f"{model_name}: compiled {dtype_name(amp_dtype)} skipped: {backend_reason}")
                 continue
-            for amp_dtype in (None, LOW):
-                if compiled and amp_dtype is None and preset.name == "smoke":
-                    continue  # smoke: compile only the AMP run, to keep CI short
-                try:
-                    compile_runs.append(train(model_name, amp_dtype, compiled,
-                                              min(preset.steps, 32)))
-                except Exception as err:  # a broken toolchain must not end the lesson
-                    print(f"{model_name} compiled {dtype_name(amp_dtype)} failed: "
-                          f"{type(err).__name__}: {str(err)[:300]}")
+            if compiled and amp_dtype is None and preset.name == "smoke":
+                continue  # smoke: compile only the AMP run, to keep CI short
+            r = new_run(model_name, amp_dtype, compiled)
+            try:
+                r["first_s"] = first_call_s(r["step"])
+            except Exception as err:  # a broken toolchain must not end the lesson
+                print(f"{model_name} {r['run']} failed: {type(err).__name__}: {str(err)[:300]}")
+                continue
+            runs[r["run"]] = r
+        control = new_run(model_name, None, False)  # eager fp32 built twice: the A/A control
+        control["first_s"] = first_call_s(control["step"])
+        timed[model_name] = interleave(
+            {**{n: r["step"] for n, r in runs.items()}, "eager fp32 again": control["step"]},
+            "eager fp32", "eager fp32 again", info.device, blocks=min(preset.steps, 32) // 2,
+            preset=preset.name)
+        for r in runs.values():
+            r["timing"] = timed[model_name].timings[r["run"]]
+            r["compile_s"] = (r["first_s"] - r["timing"].median if r["run"].startswith("compiled")
+                              else float("nan"))
+            compile_runs.append(r)
+        print(f"{model_name}: timed in {timed[model_name].basis}; eager fp32 against itself: "
+              f"{timed[model_name].ratio('eager fp32 again')}")
 
 # %%
 table = pd.DataFrame([{
@@ -200,12 +223,11 @@ table = pd.DataFrame([{
     "final loss": r["losses"][-1]} for r in compile_runs]).set_index(["model", "run"])
 
 def against(r, baseline_run):
-    """r's time against another run of its model, by the course's timing rule."""
-    base = next(e for e in compile_runs if e["model"] == r["model"] and e["run"] == baseline_run)
-    return Comparison(r["run"], baseline_run, r["timing"], base["timing"], preset.name)
+    """r's time against another run of its model, from the same interleaved blocks."""
+    return timed[r["model"]].comparison(r["run"], against=baseline_run)
 
 
-# a speedup only where both timings are quiet and the preset is timed (else NaN)
+# a speedup only where the control holds 1.0 and the intervals are narrow (else NaN)
 table["speedup vs eager fp32"] = [against(r, "eager fp32").stated or float("nan")
                                   for r in compile_runs]
 table.round(3)

@@ -36,12 +36,14 @@
 # benchmark). Seeds are fixed, so every run starts from the same weights.
 
 # %%
+import copy
+
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
 from amp_tutorial.device import device_line, select_device
-from amp_tutorial.measure import Comparison, time_steps
+from amp_tutorial.interleave import interleave
 from amp_tutorial.models import course_models
 from amp_tutorial.plots import plot_losses
 from amp_tutorial.presets import get_preset
@@ -256,16 +258,16 @@ fig = plot_losses({"AMP bf16 (fp32 weights)": amp_losses, "pure bf16 (bf16 weigh
 # again on every forward).
 
 # %%
-def inference_timing(model, x, amp_dtype):
+def forward(model, x, amp_dtype):
+    """One inference forward of ``model`` on ``x``, under autocast where amp_dtype is given."""
     model.eval()
 
-    def step(i):
+    def step():
         with torch.inference_mode(), torch.autocast(info.type, dtype=amp_dtype or torch.float32,
                                                      enabled=amp_dtype is not None):
             return model(x)
 
-    return time_steps(step, preset.inference_steps, info.device, preset.warmup,
-                      desc="inference", progress=False, keep_all=False)[0]
+    return step
 
 
 def weight_bytes(model):
@@ -276,21 +278,24 @@ def weight_bytes(model):
 fp32_bytes = weight_bytes(amp_model)
 with torch.inference_mode():
     reference = amp_model.eval()(image_in).float()
-t_fp32 = inference_timing(amp_model, image_in, None)
-t_autocast = inference_timing(amp_model, image_in, torch.bfloat16)
-cast_once = amp_model.to(torch.bfloat16)  # in place: the fp32 copy is gone
-t_cast = inference_timing(cast_once, bf16_in, None)
+cast_once = copy.deepcopy(amp_model).to(torch.bfloat16)  # a deployment would cast in place
+forwards = {"autocast bf16": forward(amp_model, image_in, torch.bfloat16),
+            "autocast bf16 again": forward(amp_model, image_in, torch.bfloat16),  # the control
+            "fp32": forward(amp_model, image_in, None),
+            "cast once to bf16": forward(cast_once, bf16_in, None)}
+timed = interleave(forwards, "autocast bf16", "autocast bf16 again", info.device,
+                   blocks=preset.inference_steps // 2, warmup=preset.warmup, preset=preset.name,
+                   progress=False)  # taking turns, as in lesson 03
 with torch.inference_mode():
     max_diff = (cast_once(bf16_in).float() - reference).abs().max().item()
+runs = ("fp32", "autocast bf16", "cast once to bf16")
 inference = pd.DataFrame({
-    "ms/forward": {"fp32": t_fp32.median * 1e3, "autocast bf16": t_autocast.median * 1e3,
-                   "cast once to bf16": t_cast.median * 1e3},
-    "IQR (ms)": {"fp32": t_fp32.iqr * 1e3, "autocast bf16": t_autocast.iqr * 1e3,
-                 "cast once to bf16": t_cast.iqr * 1e3},
+    "ms/forward": {n: timed.timings[n].median * 1e3 for n in runs},
+    "IQR (ms)": {n: timed.timings[n].iqr * 1e3 for n in runs},
     "weights (KB)": {"fp32": fp32_bytes / 1024, "autocast bf16": fp32_bytes / 1024,
                      "cast once to bf16": weight_bytes(cast_once) / 1024}})
 print(f"largest difference from the fp32 prediction: {max_diff:.4f} (targets lie in [0, 1])")
-print(Comparison("cast once", "autocast bf16", t_cast, t_autocast, preset.name))
+print(timed.comparison("cast once to bf16"))
 assert weight_bytes(cast_once) * 2 == fp32_bytes
 assert max_diff < 0.1
 inference.round(3)

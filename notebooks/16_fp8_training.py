@@ -42,10 +42,9 @@ import math
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from amp_tutorial.device import device_line, dtype_name, select_device
-from amp_tutorial.measure import Comparison, StepTimer
+from amp_tutorial.interleave import MIN_BLOCKS, interleave
 from amp_tutorial.models import course_models
 from amp_tutorial.op_profile import (
     compiled_op_count,
@@ -206,7 +205,8 @@ assert abs(q[1][("float8_e5m2", 300.0)] - q[0][("float8_e5m2", 300.0)]) < 0.01
 # which a speedup needs) at the preset's sizes. Elsewhere (a CPU, MPS, an older GPU) the cells train
 # on the CPU, far more slowly: the `smoke` preset's transformer, eagerly, for 10 steps, whatever the
 # preset. Only linear layers are converted, so the transformer is the model; the vocabulary head
-# stays in bf16.
+# stays in bf16. The two runs are timed as in lesson 03, taking turns beside a second bf16 run
+# (the control); the losses are read at the step count above, the timing trains a few more.
 #
 # The CPU's numbers are FP8's where it counts, the inputs' rounding, but not a GPU's to the last
 # bit. ATen's `_scaled_mm_out_cpu` (`Blas.cpp`) takes oneDNN's FP8 kernel only when oneDNN is on
@@ -268,13 +268,15 @@ def fp8_training_ready(on_cpu):
 
 
 # %%
-def train_transformer(use_fp8, device, sizes, steps, compiled):
-    """Lesson 12's transformer, one batch, bf16 autocast; use_fp8: torchao's float8 linears."""
+def transformer_run(use_fp8, device, sizes, compiled):
+    """Lesson 12's transformer, one batch, bf16 autocast; use_fp8: torchao's float8 linears.
+    Its first step runs here, profiled (compiled: after one that compiles); ``step`` trains one
+    more."""
     make_model, x, y, _ = course_models(sizes, device)["transformer"]
     model = to_float8(make_model()) if use_fp8 else make_model()
     net = torch.compile(model) if compiled else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    timer, losses = StepTimer(device, warmup=1 if compiled else 0), []
+    losses = []
     def step():
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16):
@@ -286,11 +288,7 @@ def train_transformer(use_fp8, device, sizes, steps, compiled):
         with compiled_op_count("aten::_scaled_mm") as compiled_ops:
             step()
     ops = op_counts(step, device)  # the next step, profiled: what ran as aten ops
-    for _ in tqdm(range(steps - 1 - compiled), desc="FP8" if use_fp8 else "bf16"):
-        with timer.step():
-            step()
-    return {"timing": timer.timing, "first loss": losses[0], "final loss": losses[-1],
-            "_scaled_mm calls": ops.get("aten::_scaled_mm", 0),
+    return {"step": step, "losses": losses, "_scaled_mm calls": ops.get("aten::_scaled_mm", 0),
             "float8 layers": sum(type(m).__name__ == "Float8Linear" for m in model.modules()),
             "FP8 matmuls compiled": compiled_ops["aten::_scaled_mm"] if compiled else float("nan")}
 
@@ -306,15 +304,20 @@ device = info.device if fp8_fast else torch.device("cpu")
 sizes, steps = (preset, min(preset.steps, 64)) if fp8_fast else (get_preset("smoke"), 10)
 fp8_runs = {}
 if ready:
-    fp8_runs = {"bf16 AMP": train_transformer(False, device, sizes, steps, compiled=fp8_fast),
-                "FP8 + bf16 AMP": train_transformer(True, device, sizes, steps, compiled=fp8_fast)}
+    fp8_runs = {name: transformer_run(fp8, device, sizes, compiled=fp8_fast) for name, fp8 in
+                (("bf16 AMP", False), ("bf16 AMP again", False), ("FP8 + bf16 AMP", True))}
+    # taking turns step by step beside a second bf16 run, the control (lesson 03)
+    timed = interleave({name: r["step"] for name, r in fp8_runs.items()}, "bf16 AMP",
+                       "bf16 AMP again", device, blocks=max(MIN_BLOCKS, steps // 2),
+                       preset=sizes.name)
+    del fp8_runs["bf16 AMP again"]
     for name, r in fp8_runs.items():
-        print(f"{name}: {r['timing']}")
-    # the course's one timing rule: a ratio only from quiet timings at a preset big enough to time
-    c = Comparison("FP8 + bf16 AMP", "bf16 AMP", fp8_runs["FP8 + bf16 AMP"]["timing"],
-                   fp8_runs["bf16 AMP"]["timing"], preset.name)
-    print(f"{device.type}, {sizes.name!r} transformer sizes, {steps} steps: {c}")
-pd.DataFrame(fp8_runs).T.drop(columns="timing", errors="ignore").round(3)
+        losses = r.pop("losses")  # the timing trains a few steps more: read step `steps`
+        r.update({"first loss": losses[0], "final loss": losses[steps - 1]})
+        print(f"{name}: {timed.timings[name]}")
+    print(f"{device.type}, {sizes.name!r} transformer sizes, {steps} steps: "
+          f"{timed.comparison('FP8 + bf16 AMP')}")
+pd.DataFrame(fp8_runs).T.drop(columns="step", errors="ignore").round(3)
 
 # %% [markdown]
 # Which kernel computed this CPU's FP8 matmuls? One `_scaled_mm`, profiled: where oneDNN's FP8

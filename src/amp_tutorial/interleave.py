@@ -105,6 +105,11 @@ class PairedComparison:
     basis: str  # what was timed: "wall time" or "CPU time, one thread per run"
     preset: str
     noisy_runs: dict[str, str] = field(default_factory=dict)  # never per run here: see noise
+    controlled: str = ""  # the run whose A/A control judged the machine (default: the baseline)
+
+    @property
+    def _control_name(self) -> str:
+        return self.controlled or self.baseline_name
 
     @property
     def ratio(self) -> float:
@@ -119,7 +124,7 @@ class PairedComparison:
             return f"{self.estimate.blocks} blocks are too few for an interval"
         if not self.control.low * (1 - CONTROL_SLACK) <= 1 <= self.control.high * (
                 1 + CONTROL_SLACK):
-            return (f"{self.baseline_name} against itself gave {self.control}, not 1: the "
+            return (f"{self._control_name} against itself gave {self.control}, not 1: the "
                     "machine's load moved between steps")
         for what, r in (("the interval", self.estimate), ("the control's interval", self.control)):
             if r.width > WIDE:
@@ -134,7 +139,7 @@ class PairedComparison:
     def __str__(self) -> str:
         return comparison_words(
             self, str(self.estimate), f"90% interval, {self.estimate.blocks} interleaved blocks, "
-            f"{self.basis}; {self.baseline_name} against itself: {self.control}",
+            f"{self.basis}; {self._control_name} against itself: {self.control}",
             f"no ratio here ({self.noise}; measured {self.estimate})")
 
 
@@ -165,9 +170,13 @@ class Interleaved:
         median, low, high = median_interval([b / r for b, r in zip(base, run, strict=True)])
         return Ratio(median, low, high, len(run))
 
-    def comparison(self, name: str) -> PairedComparison:
-        return PairedComparison(name, self.baseline, self.ratio(name), self.ratio(self.control),
-                                self.basis, self.preset)
+    def comparison(self, name: str, against: str | None = None) -> PairedComparison:
+        """``name`` against the baseline, or against another run of the same blocks (e.g. a
+        compiled step against its eager twin); the baseline's A/A control judges the machine
+        either way."""
+        return PairedComparison(name, against or self.baseline, self.ratio(name, against),
+                                self.ratio(self.control), self.basis, self.preset,
+                                controlled=self.baseline)
 
     def comparisons(self) -> list[PairedComparison]:
         """Every run but the baseline and its control, against the baseline."""

@@ -82,6 +82,16 @@ def peak_memory_bytes(device: torch.device | str) -> int | None:
     return None
 
 
+def step_peak(step: Callable[[], object], device: torch.device | str) -> tuple[object, int | None]:
+    """Call ``step()`` once more with the allocator's peak reset before it: what it returned and
+    the peak in bytes over that call (None without allocator stats, as on a CPU). Whatever else
+    is resident (other runs' models, a comparison's twins) counts in the peak as it does in a
+    real program."""
+    reset_peak_memory(device)
+    result = step()
+    return result, peak_memory_bytes(device)
+
+
 def thread_cpu_stats() -> dict[int, tuple[float, float]] | None:
     """Per live thread of this process: (seconds it ran on a CPU, seconds it waited for one:
     runnable, but another program, or another of its own threads, held the core), from the

@@ -75,6 +75,12 @@ def test_the_ratio_comes_block_by_block_from_the_chosen_clock():
     per_core = Interleaved("fp32", "fp32 again", timings, 1, True, "small")
     assert per_core.ratio("AMP").median == 1.0 and "one thread per run" in per_core.basis
     assert [c.name for c in wall.comparisons()] == ["AMP"]
+    # against another run of the same blocks: AMP over the baseline's twin, judged by the control
+    fast = Interleaved("fp32", "fp32 again", timings | {"AMP x2": Timing((0.25, 0.25) * 6)}, 2,
+                       False, "small")
+    beside = fast.comparison("AMP x2", against="AMP")
+    assert (beside.ratio, beside.baseline_name, beside.control.median) == (2.0, "AMP", 1.0)
+    assert "AMP x2 ran at 2.00x" in str(beside) and "fp32 against itself: 1.00x" in str(beside)
 
 
 def _matmuls(n: int):

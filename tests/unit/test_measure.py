@@ -20,6 +20,7 @@ from amp_tutorial.measure import (
     peak_memory_bytes,
     reset_peak_memory,
     saved_bytes,
+    step_peak,
     synchronize,
     time_steps,
 )
@@ -244,6 +245,24 @@ def test_gpu_peak_is_reset_between_runs():
     assert peak_memory_bytes("cuda") >= 64 * 2**20
     reset_peak_memory("cuda")
     assert peak_memory_bytes("cuda") < 64 * 2**20
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+def test_a_step_s_peak_counts_that_step_and_what_stays_resident():
+    resident = torch.empty(32 * 2**20, dtype=torch.uint8, device="cuda")
+    torch.empty(96 * 2**20, dtype=torch.uint8, device="cuda")  # freed: an earlier peak
+    out, peak = step_peak(lambda: torch.ones(16 * 2**20, dtype=torch.uint8, device="cuda"),
+                          "cuda")
+    assert out.numel() == 16 * 2**20
+    assert 48 * 2**20 <= peak < 96 * 2**20, peak  # the step and the resident, not the freed
+    del resident
+
+
+def test_a_step_s_peak_on_a_cpu_is_none_and_the_step_still_runs():
+    calls = []
+    out, peak = step_peak(lambda: calls.append(1) or "done", "cpu")
+    assert (out, peak, calls) == ("done", None, [1])
 
 
 def test_op_dtype_rows_show_autocast_matmuls_in_bf16_and_the_casts_from_fp32():
