@@ -158,7 +158,7 @@ for name, r in runs.items():
     r.update(timing=timed.timings[name], peak=peak,
              **saved_and_accuracy(r["model"], r["amp_dtype"]))
     print(f"{name:13s} {r['timing']}; held-out accuracy {r['accuracy']:.3f}")
-runs.pop(control)  # the control's job is done: its comparison is printed below
+del runs[control]  # the control's job is done: its comparison is printed below
 
 # %% [markdown]
 # The benchmark (`pdm run bench --model transformer`) runs `make_sequence_train_step` from the

@@ -176,6 +176,7 @@ def new_run(model_name, amp_dtype, compiled):
     return {"model": model_name, "run": label, "step": step, "losses": losses}
 
 
+# %%
 def first_call_s(step):
     """The first call's seconds, device synchronised: a compiled step compiles in it."""
     timer = StepTimer(info.device, warmup=1)
@@ -185,10 +186,9 @@ def first_call_s(step):
 
 
 # %%
-compile_runs, timed = [], {}
+built = {model_name: {} for model_name in MODELS}  # each model's runs, their first call done
 with fresh_compile_cache():  # Inductor's on-disk cache starts empty: cold compiles
-    for model_name in MODELS:
-        runs = {}
+    for model_name, runs in built.items():
         for compiled, amp_dtype in ((False, None), (False, LOW), (True, None), (True, LOW)):
             if compiled and BACKEND is None:
                 print(f"{model_name}: compiled {dtype_name(amp_dtype)} skipped: {backend_reason}")
@@ -202,19 +202,23 @@ with fresh_compile_cache():  # Inductor's on-disk cache starts empty: cold compi
                 print(f"{model_name} {r['run']} failed: {type(err).__name__}: {str(err)[:300]}")
                 continue
             runs[r["run"]] = r
-        control = new_run(model_name, None, False)  # eager fp32 built twice: the A/A control
-        control["first_s"] = first_call_s(control["step"])
-        timed[model_name] = interleave(
-            {**{n: r["step"] for n, r in runs.items()}, "eager fp32 again": control["step"]},
-            "eager fp32", "eager fp32 again", info.device, blocks=min(preset.steps, 32) // 2,
-            preset=preset.name)
-        for r in runs.values():
-            r["timing"] = timed[model_name].timings[r["run"]]
-            r["compile_s"] = (r["first_s"] - r["timing"].median if r["run"].startswith("compiled")
-                              else float("nan"))
-            compile_runs.append(r)
-        print(f"{model_name}: timed in {timed[model_name].basis}; eager fp32 against itself: "
-              f"{timed[model_name].ratio('eager fp32 again')}")
+
+# %%
+compile_runs, timed = [], {}
+for model_name, runs in built.items():
+    control = new_run(model_name, None, False)  # eager fp32 built twice: the A/A control
+    control["first_s"] = first_call_s(control["step"])
+    timed[model_name] = interleave(
+        {**{n: r["step"] for n, r in runs.items()}, "eager fp32 again": control["step"]},
+        "eager fp32", "eager fp32 again", info.device, blocks=min(preset.steps, 32) // 2,
+        preset=preset.name)
+    for r in runs.values():
+        r["timing"] = timed[model_name].timings[r["run"]]
+        r["compile_s"] = (r["first_s"] - r["timing"].median if r["run"].startswith("compiled")
+                          else float("nan"))
+        compile_runs.append(r)
+    print(f"{model_name}: timed in {timed[model_name].basis}; eager fp32 against itself: "
+          f"{timed[model_name].ratio('eager fp32 again')}")
 
 # %%
 table = pd.DataFrame([{

@@ -321,6 +321,8 @@ def comparison_words(c: Comparison, ratio: str, how: str, unstated: str) -> str:
         return f"{c.name} against {c.baseline_name}: {unstated}"
     change = (f"{1 - 1 / c.ratio:.0%} less time per step" if c.ratio > 1
               else f"{1 / c.ratio - 1:.0%} more time per step")
+    if abs(1 / c.ratio - 1) < 0.005:  # rounds to 0%: neither more nor less
+        change = "the same time per step, to the percent"
     return f"{c.name} ran at {ratio} the speed of {c.baseline_name} ({change}; {how})"
 
 

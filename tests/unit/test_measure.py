@@ -307,6 +307,8 @@ def test_a_comparison_states_a_ratio_only_from_quiet_timings_at_a_timed_preset()
     assert said.stated == pytest.approx(2.4) and "2.40x the speed of fp32" in str(said)
     assert "58% less time per step" in str(said)
     assert "100% more time per step" in str(Comparison("bf16", "fp32", slow, fp32, "cpu"))
+    same = Comparison("bf16", "fp32", Timing((0.01195, 0.01199, 0.012)), fp32, "cpu")
+    assert "1.00x" in str(same) and "the same time per step, to the percent" in str(same)
     for comparison, why in [(Comparison("bf16", "fp32", quiet, loaded, "small"), "fp32's spread"),
                             (Comparison("bf16", "fp32", loaded, fp32, "paper"), "bf16's spread"),
                             (Comparison("bf16", "fp32", quiet, fp32, "smoke"), "too small")]:
