@@ -41,9 +41,11 @@ import os
 import platform
 import re
 import sys
+import tempfile
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -57,8 +59,10 @@ from nbconvert import HTMLExporter
 from nbformat import NotebookNode
 from tqdm.auto import tqdm
 
+from amp_tutorial import class_sync
 from amp_tutorial.exercises.solutions import FOLDER as SOLUTIONS
 from amp_tutorial.presets import PRESET_ENV, VALID_NAMES, get_preset
+from amp_tutorial.progress import WORKSPACE_ENV
 from course_tools.answers import is_exercise, use_solutions
 from course_tools.catalogue import (
     LESSON_GLOB,
@@ -126,9 +130,18 @@ class KernelRun:
     epilogue: str | None  # what the epilogue cell printed; None without one or a live kernel
 
 
-def kernel_env(preset: str) -> dict[str, str]:
-    """This process's environment with the preset set and matplotlib's inline backend."""
-    return {**os.environ, PRESET_ENV: preset, "MPLBACKEND": INLINE_BACKEND}
+@contextmanager
+def kernel_env(preset: str) -> Iterator[dict[str, str]]:
+    """This process's environment with the preset set, matplotlib's inline backend and a
+    workspace of the run's own, removed afterwards: the reference answers a run checks are
+    recorded there as passed attempts, never in a learner's progress (``amp_tutorial.progress``),
+    and never sent to a class hub's progress service (its address and token are left out)."""
+    with tempfile.TemporaryDirectory(prefix="amp-course-run-") as workspace:
+        env = {**os.environ, PRESET_ENV: preset, "MPLBACKEND": INLINE_BACKEND,
+               WORKSPACE_ENV: workspace}
+        for variable in (class_sync.URL_VARIABLE, class_sync.TOKEN_VARIABLE):
+            env.pop(variable, None)
+        yield env
 
 
 def describe_cell(notebook: NotebookNode, index: int) -> str:
@@ -255,9 +268,10 @@ def execute_lesson(lesson: Lesson, preset: str, timeout: int = CELL_TIMEOUT_S,
     also reads the allocator's peak over the whole lesson, in the kernel.
     """
     notebook, learner = read_with_answers(lesson)
-    run = run_notebook(notebook, lesson.path.parent, kernel_env(preset), timeout, lesson.name,
-                       prologue=ALLOCATOR_PROLOGUE if allocator_peak else "",
-                       epilogue=ALLOCATOR_EPILOGUE if allocator_peak else "")
+    with kernel_env(preset) as env:
+        run = run_notebook(notebook, lesson.path.parent, env, timeout, lesson.name,
+                           prologue=ALLOCATOR_PROLOGUE if allocator_peak else "",
+                           epilogue=ALLOCATOR_EPILOGUE if allocator_peak else "")
     error = None
     if run.errors:
         first = run.errors[0]

@@ -143,10 +143,8 @@ EPILOGUE = ("_course_live_memory.stop()\n"
             "_course_print(_course_live_memory.result())\n")
 
 
-def measure_env(preset: str) -> dict[str, str]:
-    """The handout's kernel environment, on the CPU whatever this machine has, at a GPU's sizes."""
-    return {**kernel_env(preset), "AMP_TUTORIAL_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "",
-            "HIP_VISIBLE_DEVICES": "", GPU_SIZES_ENV: "1"}
+ON_CPU_AT_GPU_SIZES = {"AMP_TUTORIAL_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "",
+                      "HIP_VISIBLE_DEVICES": "", GPU_SIZES_ENV: "1"}
 
 
 def measure_lesson(lesson: Lesson, preset: str = DEFAULT_PRESET, caps: StepCaps = StepCaps(),
@@ -154,9 +152,10 @@ def measure_lesson(lesson: Lesson, preset: str = DEFAULT_PRESET, caps: StepCaps 
     """Run the lesson on the CPU at ``preset`` with the steps cut; its peak live tensor memory.
     ``interrupt``: a cell that runs past ``timeout`` is interrupted, and the run goes on."""
     notebook, _ = read_with_answers(lesson)
-    run = run_notebook(notebook, lesson.path.parent, measure_env(preset), timeout, lesson.name,
-                       stop_at_error=False, prologue=prologue(preset, caps), epilogue=EPILOGUE,
-                       interrupt_on_timeout=interrupt)
+    with kernel_env(preset) as env:  # the handout's, on the CPU whatever this machine has
+        run = run_notebook(notebook, lesson.path.parent, env | ON_CPU_AT_GPU_SIZES, timeout,
+                           lesson.name, stop_at_error=False, prologue=prologue(preset, caps),
+                           epilogue=EPILOGUE, interrupt_on_timeout=interrupt)
     result = read_result(run.epilogue or "") or {}
     raised = [{"cell": describe_cell(notebook, error.index), "error": error.what}
               for error in run.errors]

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import nbformat
 
+from amp_tutorial.class_sync import URL_VARIABLE
+from amp_tutorial.progress import FOLDER, WORKSPACE_ENV
 from course_tools.handout import ZIP_NAME, render_handout
 from tests.support import NOTEBOOKS
 
@@ -50,3 +52,26 @@ def test_the_zip_holds_each_lessons_executed_notebook_with_its_outputs(tmp_path:
             nbformat.validate(notebook)
             code = [cell for cell in notebook.cells if cell.cell_type == "code"]
             assert [o.get("text") for o in code[-1].outputs] == [f"ran {name[:2]}\n"]
+
+
+def test_the_handout_records_no_attempt_in_the_learner_s_workspace(tmp_path: Path,
+                                                                     monkeypatch) -> None:
+    """The handout runs the reference answers, which the checkers record as passed attempts: in
+    a workspace of the run's own, never the learner's (their progress table would show exercises
+    nobody solved) nor the lessons' folder, and never sent to a class hub."""
+    learner = tmp_path / "learner"
+    monkeypatch.setenv(WORKSPACE_ENV, str(learner))
+    monkeypatch.setenv(URL_VARIABLE, "http://127.0.0.1:9/never")
+    header = (NOTEBOOKS / "01_autocast_basics.py").read_text(encoding="utf-8").split("# %%")[0]
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    cells = ("# %%\nimport os\nfrom amp_tutorial.progress import attempts_path, record_attempt\n"
+             "\n# %%\nprint(record_attempt('01', 'tiny', True, [], 'right') is not None,"
+             " attempts_path().exists(), os.environ.get('AMP_PROGRESS_URL'))\n")
+    (notebooks / "01_tiny.py").write_text(header + "# %% [markdown]\n# # 01 · Tiny\n\n" + cells,
+                                          encoding="utf-8")
+    render_handout(tmp_path / "out", "smoke", notebooks)
+    executed = nbformat.read(tmp_path / "out" / "01_tiny.ipynb", as_version=4)
+    code = [cell for cell in executed.cells if cell.cell_type == "code"]
+    assert [o.get("text") for o in code[-1].outputs] == ["True True None\n"]  # it was recorded
+    assert not (learner / FOLDER).exists() and not (notebooks / FOLDER).exists()
