@@ -129,3 +129,15 @@ def spy_mistakes(solution: Path, name: str, clip_indent: int) -> list[tuple]:
          variant(solution, name, ("dtype=amp_dtype)", "dtype=torch.bfloat16)")),
          training_spy.WRONG_AUTOCAST_DTYPE, False),
     ]
+
+
+def assert_quoted(result: CheckResult, words: str, case: str) -> None:
+    """The mistake's message quotes what GradScaler raised for it; a RuntimeError (a call order
+    it refuses) is reported beside it as RAISED, in torch's words, while one of its internal
+    checks (``checking.SCALER_ASSERTS``, an AssertionError) is never a finding of its own."""
+    named = next(p.message for p in result.problems if p.key != checking.RAISED)
+    assert words in named, (case, named)
+    raised = [p.message for p in result.problems if p.key == checking.RAISED]
+    internal = any(found in words for found in checking.SCALER_ASSERTS)
+    assert (raised == []) == internal, (case, raised)
+    assert all(words in message for message in raised), (case, raised)

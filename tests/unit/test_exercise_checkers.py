@@ -114,6 +114,10 @@ SETTINGS = {
     "anomaly mode left on": lambda: torch.autograd.set_detect_anomaly(True),
     "deterministic algorithms": lambda: torch.use_deterministic_algorithms(True),
     "cuDNN benchmark": lambda: setattr(torch.backends.cudnn, "benchmark", True),
+    "one CPU thread": lambda: torch.set_num_threads(1 if torch.get_num_threads() > 1 else 2),
+    "subnormals flushed to zero": lambda: torch.set_flush_denormal(True),
+    "fp16 accumulation in fp16 matmuls": (
+        lambda: setattr(torch.backends.cuda.matmul, "allow_fp16_accumulation", True)),
 }
 
 

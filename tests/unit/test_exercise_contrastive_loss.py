@@ -484,3 +484,18 @@ def test_old_cuda_spelling_is_autocast_for_cuda_and_warns() -> None:
         old = torch.cuda.amp.autocast(enabled=False)
     assert isinstance(old, torch.autocast) and old.device == "cuda"
     assert any(issubclass(w.category, FutureWarning) for w in caught)
+
+
+def divides_the_queries_in_place(queries, keys, temperature):
+    """Issue 61's held-out answer: `.float()` of fp32 queries is the caller's own tensor, and the
+    in-place division changes it (with autograd on, torch refuses it on a leaf needing grad)."""
+    with torch.autocast(device_type=queries.device.type, enabled=False):
+        q = queries.float()
+        q /= temperature
+        return F.cross_entropy(q @ keys.float().T, targets(queries))
+
+
+def test_an_in_place_change_to_the_caller_s_queries_is_named() -> None:
+    result = check_contrastive_loss(divides_the_queries_in_place)
+    assert checking.INPUT_CHANGED in result.keys, str(result)
+    assert "no_grad" in str(result)  # the scenario where torch let it through

@@ -172,10 +172,11 @@ def test_builder_defaults_are_the_reference_loop() -> None:
 
 # -- one mistake each ------------------------------------------------------------------------------
 # (case, the one change to the reference loop, the key the checker must report, whether GradScaler
-# also raises: it refuses step() without scale(), a second step() without update(), and step() or
-# update() when no gradients were unscaled; the checker then reports the error too, as RAISED)
+# also raises a RuntimeError, a second step() without update() say, which the checker then reports
+# too, as RAISED; its internal checks (AssertionError: step() without scale(), no gradients to
+# unscale) are quoted in the mistake's own message instead)
 MISTAKES = [
-    ("loss not scaled", amp_loop(scale_loss=False), exercise.LOSS_NOT_SCALED, True),
+    ("loss not scaled", amp_loop(scale_loss=False), exercise.LOSS_NOT_SCALED, False),
     ("scaler disabled in fp16", amp_loop(scaler="off"), exercise.LOSS_NOT_SCALED, False),
     ("optimizer.step direct", amp_loop(step_via_scaler=False, unscale_every_step=True),
      exercise.OPTIMIZER_STEP_DIRECT, False),
@@ -189,13 +190,13 @@ MISTAKES = [
     ("step and update twice", amp_loop(extra_step="after update"), exercise.STEPPED_TWICE,
      False),
     ("zeroed between backward and step", amp_loop(zero_grad="before step"),
-     exercise.GRADS_ZEROED_BEFORE_STEP, True),
+     exercise.GRADS_ZEROED_BEFORE_STEP, False),
     ("zeroed (to zeros) between backward and step",
      amp_loop(zero_grad="before step", set_to_none=False), exercise.GRADS_ZEROED_BEFORE_STEP,
      False),
     ("model zeroed right after backward, before unscale_",
      amp_loop(zero_grad="after backward", zero_grad_on_model=True),
-     exercise.GRADS_ZEROED_BEFORE_STEP, True),
+     exercise.GRADS_ZEROED_BEFORE_STEP, False),
     ("grads zeroed once, not every step", amp_loop(zero_grad="once"), exercise.GRADS_NOT_ZEROED,
      False),
     ("forward not autocast", amp_loop(forward_in_autocast=False), exercise.FORWARD_NOT_AUTOCAST,
@@ -279,7 +280,8 @@ def test_a_last_batch_history_is_named_as_such() -> None:
 def test_report_is_plain_words() -> None:
     result = check_train_with_amp(WRONG["loss not scaled"])
     text = str(result)
-    assert "scaler.scale(loss).backward()" in text and "float16" in text
+    assert "unscaled loss" in text and "float16" in text and "Traceback" not in text
+    assert "scaler.scale(loss).backward()" in result.problems[0].message  # shown when named again
 
 
 def test_checker_leaves_torch_unpatched() -> None:
@@ -358,12 +360,53 @@ def test_problem_is_repeatable_and_leaves_global_rng_alone() -> None:
 
 
 def test_zeroed_before_step_message_quotes_what_torch_raises() -> None:
-    """set_to_none=True: scaler.step raises, and the message quotes torch's own words for it."""
+    """set_to_none=True: scaler.step trips GradScaler's internal check; the mistake's message
+    quotes torch's words for it, and the check itself is no finding of its own."""
     result = check_train_with_amp(WRONG["zeroed between backward and step"])
-    raised = next(p.message for p in result.problems if p.key == checking.RAISED)
+    assert checking.RAISED not in result.keys, str(result)
     said = next(p.message for p in result.problems
                 if p.key == exercise.GRADS_ZEROED_BEFORE_STEP)
-    assert "No inf checks were recorded for this optimizer." in raised
     assert "No inf checks were recorded for this optimizer." in said
     silent = check_train_with_amp(WRONG["zeroed (to zeros) between backward and step"])
     assert checking.RAISED not in silent.keys  # set_to_none=False: no error, a silent step
+
+
+UNSCALE = (" " * 16 + "scaler.unscale_(optimizer)  # clip the true gradients, not the scaled "
+           "ones\n")
+# Two mistakes: a clip on the still-scaled gradients (no unscale_ at all) and optimizer.step() in
+# place of scaler.step, so scaler.update() then trips GradScaler's internal check ("No inf checks
+# were recorded prior to update.")
+clip_scaled_then_step_directly = variant(
+    SOLUTION, "train_with_amp", (UNSCALE, ""),
+    ("scaler.step(optimizer)  # skips", "optimizer.step()  # skips"))
+# Issue 61's held-out answer: the clip sits under `if scaler.is_enabled()`, so a bfloat16 run
+# with max_grad_norm is never clipped
+clip_only_with_a_scaler = variant(
+    SOLUTION, "train_with_amp",
+    ("if max_grad_norm is not None:", "if scaler.is_enabled() and max_grad_norm is not None:"))
+
+
+def test_every_mistake_is_named_and_torch_s_internal_check_is_not_a_finding() -> None:
+    result = check_train_with_amp(clip_scaled_then_step_directly)
+    assert result.keys == {exercise.OPTIMIZER_STEP_DIRECT, exercise.CLIP_BEFORE_UNSCALE}, result
+    direct = next(p for p in result.problems if p.key == exercise.OPTIMIZER_STEP_DIRECT)
+    # torch's words appear once, where the mistake that causes them is explained
+    assert "No inf checks were recorded prior to update." in result.shown(direct)
+    assert str(result).count("No inf checks were recorded") == 1, str(result)
+
+
+def test_a_mistake_named_again_says_what_to_write_instead() -> None:
+    """As the other checkers do: the fix is shown from the second check naming the same mistake,
+    so a first answer is thought about before it is pasted."""
+    first = check_train_with_amp(clip_scaled_then_step_directly)
+    second = check_train_with_amp(clip_scaled_then_step_directly)
+    assert first.keys == second.keys
+    assert checking.FIX not in str(first)
+    assert all(checking.FIX in second.shown(p) for p in second.problems), str(second)
+    assert checking.NAMED_AGAIN in str(first)
+
+
+def test_a_clip_kept_for_float16_alone_is_named_in_a_bfloat16_run() -> None:
+    result = check_train_with_amp(clip_only_with_a_scaler)
+    assert result.keys == {exercise.NOT_CLIPPED}, str(result)
+    assert "bfloat16 + clipping" in str(result)

@@ -184,14 +184,43 @@ def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Attempt:
     return result
 
 
+# GradScaler's internal checks (AssertionError, torch/amp/grad_scaler.py, the same words in torch
+# 2.9, 2.11 and 2.14) that a wrong call order trips, in plain words: torch's text is never shown
+# as a finding, and where a mistake named beside it explains the error, only that mistake is
+SCALER_ASSERTS = {
+    "No inf checks were recorded prior to update": "scaler.update() ran with no "
+    "scaler.step(optimizer) since the last update",
+    "No inf checks were recorded for this optimizer": "scaler.step(optimizer) found no "
+    "gradients to unscale (they were None)",
+    "but _scale is None": "a scaler call came before any scaler.scale(loss)",
+}
+
+
+def scaler_assert(error: BaseException | None) -> str | None:
+    """What GradScaler's internal check ``error`` means in plain words, or None if it is not one.
+    """
+    if not isinstance(error, AssertionError):
+        return None
+    return next((plain for words, plain in SCALER_ASSERTS.items() if words in str(error)), None)
+
+
 def error_problem(run: Attempt, name: str, after_others: bool = False) -> Problem | None:
     """The plain-words problem for a run that raised or ran too long (None if it returned).
 
     ``after_others``: other problems were found in the same run, so the error is probably their
-    consequence (GradScaler refusing a call order, say) and is reported as such.
+    consequence (GradScaler refusing a call order, say) and is reported as such; one of
+    GradScaler's internal checks (``SCALER_ASSERTS``) is then not reported at all.
     """
     if run.error is None:
         return None
+    if plain := scaler_assert(run.error):
+        if after_others:
+            return None
+        return Problem.named(
+            RAISED, f"{name} stopped inside GradScaler: {plain}.", "GradScaler checks the order "
+            "of its calls in each iteration: scale(loss) and backward, unscale_(optimizer) only "
+            "to clip, then step(optimizer) and update().", "call them in that order, each once "
+            "per iteration.")
     why = ("A correct answer finishes in well under a second here; a loop that never ends (a "
            "`while` whose condition never changes, or iterating over something that grows) is "
            "the usual cause.")
@@ -251,6 +280,12 @@ def _sdpa(kind: str) -> Setting:
                    "...):`, which puts the flags back when it ends.")
 
 
+def _flushes_denormals() -> bool:
+    """Whether ``torch.set_flush_denormal(True)`` is in force (it has no getter): a subnormal
+    float64 then becomes 0 (its documentation's example)."""
+    return torch.tensor(1e-323, dtype=torch.float64).item() == 0.0
+
+
 def _nesting() -> int:
     depth = torch.autocast_increment_nesting() - 1
     torch.autocast_decrement_nesting()
@@ -306,6 +341,12 @@ SETTINGS: tuple[Setting, ...] = (
             torch.set_autocast_cache_enabled),
     Setting("autocast's nesting depth (an autocast entered and never exited)", _nesting,
             _set_nesting, "use autocast only as a `with torch.autocast(...):` block."),
+    _attribute("torch.backends.cuda.matmul.allow_fp16_accumulation"),  # torch 2.7 on
+    Setting("torch.set_num_threads", torch.get_num_threads, torch.set_num_threads,
+            "leave the CPU threads to the caller: the count holds for every later op."),
+    Setting("torch.set_flush_denormal", _flushes_denormals, torch.set_flush_denormal,
+            "leave subnormal numbers to the caller: flushing them to zero holds for every later "
+            "op (on CPUs with SSE3)."),
 )
 
 

@@ -175,6 +175,9 @@ DRAWN = (
     (torch.bfloat16, None, False),  # no autocast around the call: 16-bit inputs as they are
     (torch.float32, None, False),  # nothing to undo: the same loss
     (torch.float16, torch.float16, True),  # an evaluation: under torch.no_grad(), no graph
+    # fp32 inputs under no_grad: `.float()` returns the caller's own tensor, and nothing stops an
+    # in-place change to it (with autograd on, a leaf that requires grad refuses one)
+    (torch.float32, None, True),
 )
 
 

@@ -116,6 +116,8 @@ RULES = (
     Scenario("float16, steps skipped", torch.float16, target_scale=SKIPPING_TARGETS),
     Scenario("bfloat16", torch.bfloat16),
     Scenario("bfloat16, gradient norm above 1", torch.bfloat16, target_scale=LARGE_TARGETS),
+    # clipping is not GradScaler's: a clip only `if scaler.is_enabled()` never clips in bf16
+    Scenario("bfloat16 + clipping", torch.bfloat16, MAX_GRAD_NORM),
 )
 
 
@@ -257,107 +259,114 @@ def _iterations(n: int) -> str:
 
 
 def _process_problems(spy: TrainingSpy, scenario: Scenario, run: Attempt) -> list[Problem]:
-    """Mistakes in how the step is done, from what the spy counted."""
+    """Mistakes in how the step is done, from what the spy counted: each says what went wrong,
+    why it matters and, once named a second time, what to write instead (``Problem.named``)."""
     c, fp16, error = spy.count, scenario.amp_dtype == torch.float16, run.error
     dtype = "torch.float16" if fp16 else "torch.bfloat16"
     found = []
+
+    def named(key: str, what: str, why: str, fix: str) -> None:
+        found.append(Problem.named(key, what, why, fix))
+
     if c["backward"] == 0 and error is None:
-        found.append(Problem(NO_BACKWARD, "backward() was never called, so nothing trained."))
+        named(NO_BACKWARD, "backward() was never called,", "so no gradient was computed and "
+              "nothing trained.", "call scaler.scale(loss).backward() once per batch.")
     if c["forward_no_autocast"]:
-        hint = (" autocast was on for another device type: pass the device_type argument to "
-                "torch.autocast" if c["forward_other_device"] else "")
-        found.append(Problem(FORWARD_NOT_AUTOCAST,
-            f"The forward pass ran without autocast ({c['forward_no_autocast']} of "
-            f"{c['forward']} forward passes): put model(inputs) and the loss inside "
-            f"`with torch.autocast(device_type=device_type, dtype=amp_dtype):`.{hint}"))
+        hint = (" autocast was on, but for another device type." if c["forward_other_device"]
+                else "")
+        named(FORWARD_NOT_AUTOCAST, f"The forward pass ran without autocast "
+              f"({c['forward_no_autocast']} of {c['forward']} forward passes).{hint}",
+              "Without it every op runs in float32: no AMP at all.", "put model(inputs) and the "
+              "loss inside `with torch.autocast(device_type=device_type, dtype=amp_dtype):`.")
     if c["forward_wrong_dtype"]:
         got = ", ".join(str(d) for d in spy.wrong_dtypes)
-        found.append(Problem(WRONG_AUTOCAST_DTYPE,
-            f"autocast ran in {got} although amp_dtype was {dtype}: pass dtype=amp_dtype."))
+        named(WRONG_AUTOCAST_DTYPE, f"autocast ran in {got} although amp_dtype was {dtype}.",
+              "The caller chose the dtype (float16 needs a GradScaler, bfloat16 does not).",
+              "pass dtype=amp_dtype to torch.autocast.")
     found += shared_problems(spy, scenario.max_grad_norm)
     scaler_used = c["scale_enabled"] + c["scaler_step"] + c["update"] > 0
     if fp16 and c["backward_unscaled"]:
         if c["scale_disabled"] and not c["scale_enabled"]:
-            why = ("the GradScaler is disabled (enabled=False, or created for a device type "
-                   "that is not available here), so scaler.scale(loss) returns the loss unchanged. "
-                   "Create it with torch.amp.GradScaler(device_type) for float16.")
+            named(LOSS_NOT_SCALED, "The loss was not scaled before backward in float16 training: "
+                  "the GradScaler is disabled (enabled=False, or made for a device type that is "
+                  "not available here).", "A disabled scaler returns the loss unchanged, so "
+                  "small float16 gradients flush to zero.", "create it with "
+                  "torch.amp.GradScaler(device_type), enabled when amp_dtype is torch.float16.")
         else:
-            why = ("backward() ran on the unscaled loss, so small float16 gradients flush to "
-                   "zero. Call scaler.scale(loss).backward().")
-        found.append(Problem(LOSS_NOT_SCALED,
-            f"The loss was not scaled before backward in float16 training: {why}"))
+            named(LOSS_NOT_SCALED, "backward() ran on the unscaled loss in float16 training.",
+                  "Small float16 gradients flush to zero without the scale.",
+                  "call scaler.scale(loss).backward().")
     if (fp16 or scaler_used) and c["optimizer_step_direct"]:
-        found.append(Problem(OPTIMIZER_STEP_DIRECT,
-            "optimizer.step() was called directly instead of scaler.step(optimizer). "
-            "scaler.step unscales the gradients if you have not, and skips the step when they "
-            "contain inf/NaN; a direct call applies scaled or overflowed gradients."))
+        named(OPTIMIZER_STEP_DIRECT, "optimizer.step() was called directly instead of "
+              "scaler.step(optimizer).", "scaler.step unscales the gradients if you have not, "
+              "and skips the step when they hold inf/NaN: a direct call applies scaled or "
+              "overflowed gradients, and scaler.update() then finds no inf checks and raises "
+              "AssertionError('No inf checks were recorded prior to update.').",
+              "call scaler.step(optimizer), then scaler.update().")
     if c["stepped_twice"]:
         calls = ", ".join(spy.twice_calls)
-        found.append(Problem(STEPPED_TWICE,
-            f"The optimizer was stepped more than once in one iteration "
-            f"({_iterations(c['stepped_twice'])}; between one backward() and the next your code "
-            f"called: {calls}). "
-            "Each batch gets one update: call scaler.step(optimizer) once (it calls "
-            "optimizer.step() for you, so do not call that as well), then scaler.update()."))
+        named(STEPPED_TWICE, f"The optimizer was stepped more than once in one iteration "
+              f"({_iterations(c['stepped_twice'])}; between one backward() and the next your "
+              f"code called: {calls}).", "Each batch gets one update; scaler.step(optimizer) "
+              "calls optimizer.step() for you.", "call scaler.step(optimizer) once, not "
+              "optimizer.step() as well, then scaler.update().")
     if len(spy.scalers) > 1:
-        found.append(Problem(SCALER_NOT_CARRIED,
-            f"{len(spy.scalers)} different GradScaler objects scaled the losses of one "
-            f"training run ({c['backward']} backward calls). The scaler's state (the current "
-            "scale and its count of good steps) must carry over from step to step: a new "
-            "scaler starts again at its init_scale (65536 unless you pass another) and never "
-            "learns the scale, so it cannot back off for good after an overflow or grow after "
-            "good steps. Create one GradScaler before the loops and reuse it."))
+        named(SCALER_NOT_CARRIED, f"{len(spy.scalers)} different GradScaler objects scaled the "
+              f"losses of one training run ({c['backward']} backward calls).", "The scaler's "
+              "state (the current scale and its count of good steps) must carry over from step "
+              "to step: a new scaler starts again at its init_scale (65536 unless you pass "
+              "another), so it cannot back off for good after an overflow or grow after good "
+              "steps.", "create one GradScaler before the loops and reuse it.")
     if scaler_used and c["iterations_without_update"]:
-        found.append(Problem(NO_SCALER_UPDATE,
-            f"scaler.update() is missing: {_iterations(c['iterations_without_update'])} called "
-            "scaler.step(optimizer) but not scaler.update() before the next backward. Call it "
-            "once after every scaler.step(optimizer), so the scale backs off after an overflow "
-            "and grows again after good steps."))
+        named(NO_SCALER_UPDATE, f"scaler.update() is missing: "
+              f"{_iterations(c['iterations_without_update'])} called scaler.step(optimizer) but "
+              "not scaler.update() before the next backward.", "The scale then never backs off "
+              "after an overflow nor grows after good steps.", "call scaler.update() once after "
+              "every scaler.step(optimizer).")
     if c["backward_not_zeroed"]:
-        found.append(Problem(GRADS_NOT_ZEROED,
-            f"Gradients were not zeroed between steps ({c['backward_not_zeroed']} backward "
-            "calls added to the previous step's gradients). Call optimizer.zero_grad() "
-            "once per step, before backward (set_to_none=True or False, both reset them)."))
+        named(GRADS_NOT_ZEROED, f"Gradients were not zeroed between steps "
+              f"({c['backward_not_zeroed']} backward calls added to the previous step's "
+              "gradients).", "Each step then uses the sum of all gradients so far.",
+              "call optimizer.zero_grad() once per step, before backward (set_to_none=True or "
+              "False, both reset them).")
     if c["zeroed_before_step"]:
-        found.append(Problem(GRADS_ZEROED_BEFORE_STEP,
-            f"The gradients were zeroed after backward() and before the optimizer step "
-            f"({_iterations(c['zeroed_before_step'])}), so the step had no gradients to use. "
-            "With a GradScaler in float16 and zero_grad(set_to_none=True), the gradients are "
-            "None, scaler.step finds nothing to unscale and raises (\"No inf checks were "
-            "recorded for this optimizer.\"); with set_to_none=False it raises nothing and "
-            "steps on all-zero gradients, silently (SGD does not move, Adam still moves by its "
-            "momentum). Zero them at the start of the iteration, before the forward pass, or "
-            "after scaler.update(); never between backward and step."))
+        named(GRADS_ZEROED_BEFORE_STEP, f"The gradients were zeroed after backward() and before "
+              f"the optimizer step ({_iterations(c['zeroed_before_step'])}), so the step had no "
+              "gradients to use.", "With a GradScaler in float16 and zero_grad(set_to_none=True) "
+              "they are None, and scaler.step finds nothing to unscale (\"No inf checks were "
+              "recorded for this optimizer.\"); with set_to_none=False it steps on all-zero "
+              "gradients, silently (SGD does not move, Adam still moves by its momentum).",
+              "zero them at the start of the iteration, before the forward pass, or after "
+              "scaler.update(); never between backward and step.")
     if c["modified_before_unscale"]:
-        found.append(Problem(CLIP_BEFORE_UNSCALE,
-            "The gradients were changed (clipped?) between backward and scaler.unscale_: they "
-            "were still multiplied by the scale, so clip_grad_norm_ measured and clipped the "
-            "scaled norm (max_norm acted like max_norm / scale on the true gradients). Call "
-            "scaler.unscale_(optimizer) first, then clip, then scaler.step(optimizer)."))
+        named(CLIP_BEFORE_UNSCALE, "The gradients were changed (clipped?) while they were still "
+              "multiplied by the scale: before scaler.unscale_(optimizer), or with no unscale_ "
+              "at all.", "clip_grad_norm_ then measured and clipped the scaled norm: max_norm "
+              "acted like max_norm / scale on the true gradients.", "call "
+              "scaler.unscale_(optimizer) first, then clip, then scaler.step(optimizer).")
     if c["not_clipped"]:
-        found.append(Problem(NOT_CLIPPED,
-            f"max_grad_norm={scenario.max_grad_norm} was given, but {c['not_clipped']} "
-            "optimizer steps saw a larger gradient norm. Clip with "
-            "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm) after "
-            "scaler.unscale_(optimizer) and before scaler.step(optimizer)."))
+        named(NOT_CLIPPED, f"max_grad_norm={scenario.max_grad_norm} was given, but "
+              f"{c['not_clipped']} optimizer steps saw a larger gradient norm.", "The caller "
+              "asked for every step's gradient norm to be at most max_grad_norm.", "clip with "
+              "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm) after "
+              "scaler.unscale_(optimizer) and before scaler.step(optimizer).")
     if c["over_clipped"]:
-        found.append(Problem(OVER_CLIPPED,
-            f"max_grad_norm={scenario.max_grad_norm} was given, but {c['over_clipped']} "
-            f"optimizer steps saw a gradient norm well below it (last {spy.clipped_to:.3g}) "
-            "although the gradient was larger: clipping scales the gradient down to "
-            "max_grad_norm, no further. Clip with "
-            "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm), max_grad_norm "
-            "as given."))
+        named(OVER_CLIPPED, f"max_grad_norm={scenario.max_grad_norm} was given, but "
+              f"{c['over_clipped']} optimizer steps saw a gradient norm well below it (last "
+              f"{spy.clipped_to:.3g}) although the gradient was larger.", "Clipping scales the "
+              "gradient down to max_grad_norm, no further.", "clip with "
+              "torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm), max_grad_norm "
+              "as given.")
     if c["clipped_without_limit"]:
-        found.append(Problem(CLIPPED_WITHOUT_MAX,
-            f"max_grad_norm was None, but {c['clipped_without_limit']} optimizer steps saw a "
-            f"clipped gradient (norm {spy.clipped_to:.3g}, below the gradient's own). None means "
-            "no clipping: a default such as 1.0 shortens every step whose gradient norm is above "
-            "it. Clip only `if max_grad_norm is not None:`."))
+        named(CLIPPED_WITHOUT_MAX, f"max_grad_norm was None, but {c['clipped_without_limit']} "
+              f"optimizer steps saw a clipped gradient (norm {spy.clipped_to:.3g}, below the "
+              "gradient's own).", "None means no clipping: a default such as 1.0 shortens every "
+              "step whose gradient norm is above it.", "clip only "
+              "`if max_grad_norm is not None:`.")
     if error is None and c["backward"] and c["optimizer_step"] == 0 and not found:
-        found.append(Problem(NO_OPTIMIZER_STEP,
-            "The optimizer passed in never stepped, so the weights never changed. Step the "
-            "optimizer you were given (through scaler.step when a scaler is used)."))
+        named(NO_OPTIMIZER_STEP, "The optimizer passed in never stepped,", "so the weights "
+              "never changed.", "step the optimizer you were given, through "
+              "scaler.step(optimizer).")
     # last: an error is often GradScaler refusing a call order named above
     if crashed := error_problem(run, "train_with_amp", after_others=bool(found)):
         found.append(crashed)

@@ -118,6 +118,7 @@ class TrainingSpy:
         # right after an enabled scaler's unscale_ (None while they are still scaled)
         self.pre_clip: list[torch.Tensor | None] | None = None
         self.unscaled = False  # unscale_ (explicit or inside step) ran since the last backward
+        self.scaled_backward = False  # the last backward ran on an enabled scaler's output
         self.in_scaler_step = False
         self.clipped_to = 0.0  # the gradient norm of the last step clipped where it should not be
         self.clipped_from = 0.0  # its norm before the clip, where the clip made it larger
@@ -177,7 +178,7 @@ class TrainingSpy:
         self.after_backward = [None if p.grad is None else p.grad.detach().clone()
                                for p in self.params]
         self.pre_clip = None if scaled else self.after_backward
-        self.unscaled = False
+        self.unscaled, self.scaled_backward = False, scaled
         return result
 
     def scale(self, original: Callable, scaler: torch.amp.GradScaler, outputs):
@@ -237,6 +238,9 @@ class TrainingSpy:
 
     def on_optimizer_step(self, optimizer, args, kwargs) -> None:
         self.count["optimizer_step"] += 1
+        if not self.in_scaler_step and self.scaled_backward and self.scalers:
+            # a direct step with no unscale_ since backward: were the scaled gradients clipped?
+            self._check_unmodified_before_unscale(self.scalers[-1])
         if not self.in_scaler_step:
             self.iteration.steps += 1
             self.iteration.calls.append("optimizer.step()")
