@@ -137,6 +137,7 @@ demo = pd.DataFrame({
         "1e-8 stored as": torch.tensor(tiny, dtype=d).item(),
         "70000 stored as": torch.tensor(huge, dtype=d).item(),
         "1 + 1/512 stored as": torch.tensor(fine, dtype=d).item(),
+        "1 + 1e-5 (an update) as": (torch.tensor(1.0, dtype=d) + 1e-5).item(),
     }
     for d in (torch.float32, torch.float16, torch.bfloat16)
 })
@@ -146,12 +147,15 @@ assert torch.tensor(huge, dtype=torch.float16).isinf()  # overflow
 assert torch.tensor(tiny, dtype=torch.bfloat16).item() > 0  # bf16 keeps it (roughly)
 assert torch.tensor(fine, dtype=torch.bfloat16).item() == 1.0  # but bf16 rounds 1 + 1/512 to 1
 assert torch.tensor(fine, dtype=torch.float16).item() == fine  # fp16 keeps it exactly
+for d in (torch.float16, torch.bfloat16):  # a small update to a weight near 1: lost in 16 bits
+    assert torch.tensor(1.0, dtype=d) + 1e-5 == 1.0 < torch.tensor(1.0) + 1e-5
 
 # %% [markdown]
 # So fp16 needs help with *range* (that help is the GradScaler of lesson 02), while bf16 has the
 # range but only about 2.4 significant decimal digits (fp16 about 3.3). Neither is good for long
 # sums or for values that must be accurate to many digits, which is why autocast does not lower
-# every op.
+# every op, and why the weights stay fp32: an update of 1e-5 to a weight near 1 is lost in both
+# 16-bit formats (the last row) and kept in fp32.
 #
 # ## 2. Autocast on your device
 #
@@ -450,6 +454,8 @@ assert not hasattr(torch.mps, "is_bf16_supported")  # no way to ask MPS about na
 #   Fake tensors probe a device you do not have, through the same dispatcher.
 # - `device_type` is `device.type`, never with an index; the dtype is bf16 where the device
 #   computes it natively (`is_bf16_supported(including_emulation=False)` on NVIDIA and Intel, always
-#   on a CPU), fp16 otherwise, and fp16 alone needs a GradScaler.
+#   on a CPU), fp16 otherwise, and fp16 alone needs a GradScaler. On a CPU, too: where bf16 is only
+#   emulated (a CPU without AVX512-BF16 or AMX), fp32 is the fast choice and AMP runs only to learn
+#   from.
 # - Wrap the forward pass and loss only. Next, **lesson 02** shows why fp16 gradients vanish and how
 #   `torch.amp.GradScaler` rescues them; **lesson 03** trains a real model both ways.

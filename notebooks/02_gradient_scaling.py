@@ -320,7 +320,8 @@ for opt in ("SGD", "Adam"):
     assert np.isclose(wrong["optimizer got"], max_norm / CLIP_SCALE, rtol=1e-3)  # S times smaller
 shrink = {opt: one_step.loc[(opt, ORDERS[0]), "update"] / one_step.loc[(opt, ORDERS[1]), "update"]
           for opt in ("SGD", "Adam")}
-print(f"the right order's update over the wrong order's: {shrink}")
+print("the right order's update over the wrong order's: "
+      + ", ".join(f"{opt} {x:.4g}x" for opt, x in shrink.items()))
 assert np.isclose(shrink["SGD"], CLIP_SCALE, rtol=1e-2)  # clip fires either way: S times too small
 assert 0.8 < shrink["Adam"] < 1.25  # Adam: about the same step
 
@@ -381,6 +382,10 @@ print(f"update norm, first -> last step: unscale_ first {right['update'].iloc[0]
 # its steps stop shrinking as the loss falls (compare the curves' ends): normalised-gradient Adam,
 # not the optimizer you configured, its threshold moving with the scale. Code touching `.grad`
 # between backward and step (logging, regularisers) needs `scaler.unscale_(optimizer)` first.
+#
+# The wrong order may still end with the lower loss: a few dozen steps on one problem rank two
+# optimizers, not two orders, and the wrong order's is one you never chose, its threshold moving
+# each time the scaler halves or grows the scale. The right order is the clip you configured.
 #
 # ### Exercise: one fp16 step with clipping
 #

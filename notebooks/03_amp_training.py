@@ -452,7 +452,8 @@ assert has_rule == {"cpu": False, "cuda": False, "xpu": False, "mps": True}
 #   copies of the weights: where weights outweigh activations (large layers, a small batch), AMP
 #   holds more than fp32. Time depends on the
 #   hardware: measured at the `cpu` preset, bf16 trained 2.0x faster than fp32 on a 2-core EPYC
-#   (Zen 4) with AVX512-BF16, of a 2.2x bf16 matmul ceiling there, and slower than fp32 on a CPU
-#   without native bf16 (docs/benchmark.md). Your run's gain and ceiling are printed above.
+#   (Zen 4) with AVX512-BF16, of a 2.2x bf16 matmul ceiling there (docs/benchmark.md). And where
+#   bf16 is only emulated (a CPU without AVX512-BF16 or AMX), fp32 is the fast choice and AMP runs
+#   only to learn from. Your run's gain and ceiling are printed above.
 #
 # **Lesson 04** does the same comparison for inference.

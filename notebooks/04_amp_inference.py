@@ -193,8 +193,9 @@ fig = plot_outputs(images, "Predictions served in fp32 and under autocast")
 # against 2.00x); on a Xeon with AMX it ranged from 2.5x to 10.8x across three runs, around
 # training's 2.6x to 3.4x. On a CPU
 # without native bf16 (no AVX512-BF16 or AMX on x86, no BF16 extension on Arm: the flags
-# `amp_tutorial.device` looks for) bf16 is emulated and usually slower than fp32, though how much
-# depends on the kernels of your torch build, so measure it. What decides it is whether
+# `amp_tutorial.device` looks for) bf16 is only emulated: there fp32 is the fast choice and AMP
+# runs only to learn from (how much slower depends on your torch build's kernels). What decides it
+# is whether
 # the hardware computes in 16-bit natively, and then how much of the forward pass is convolution
 # or matmul (lowered) rather than fixed costs (launches, BatchNorm, casting the fp32 weights to
 # 16-bit on every call). Under `inference_mode` nothing is saved for backward, so the memory

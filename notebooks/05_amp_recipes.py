@@ -381,9 +381,10 @@ back_to_fp32 = start_run(seed=7)
 back_to_fp32["scaler"] = torch.amp.GradScaler(info.type, enabled=False)
 load_checkpoint(mixed, back_to_fp32["model"], back_to_fp32["optimizer"], back_to_fp32["scaler"])
 assert same_parameters(back_to_fp32["model"], amp_run["model"])
-print(f"fp32 steps: loss {fp32_losses[0]:.4f} -> {fp32_losses[-1]:.4f}; "
-      f"resumed with AMP: {amp_losses[0]:.4f} -> {amp_losses[-1]:.4f}")
-assert amp_losses[-1] < fp32_losses[0]  # training carried on from where fp32 stopped
+print(f"fp32 steps: loss {fp32_losses[0]:.4f} -> {fp32_losses[-1]:.4f}; resumed with AMP: "
+      f"{amp_losses[0]:.4f} -> {amp_losses[-1]:.4f} (each step a new batch: losses move a little)")
+# AMP's first loss sits where fp32 stopped, not where a fresh model starts: training carried on
+assert abs(amp_losses[0] - fp32_losses[-1]) < abs(amp_losses[0] - fp32_losses[0])
 
 # %% [markdown]
 # ## 4. Several models, losses and optimizers, one scaler

@@ -35,9 +35,9 @@
 # own transformer encoder, as it comes. Nothing of your model leaves your machine: the check-up
 # sends nothing to the class's progress service.
 #
-# **Prerequisites:** lessons 01 (autocast's lists), 02 (GradScaler, fp16's range), 07 (fp32
-# regions and `custom_fwd`), 08 (finding the module that overflowed) and 17 (which ops ran in
-# which dtype). Seeds are fixed, so every run starts from the same numbers.
+# **Prerequisites:** lessons 01 (autocast's lists) and 02 (GradScaler, fp16's range); what the
+# check-up does beyond them (a dtype trace, an fp32 region) is shown where it is used. Seeds are
+# fixed, so every run starts from the same numbers.
 
 # %%
 import math
@@ -72,7 +72,10 @@ print("\n".join(ceiling.lines()))
 # check-up recommends for this device and why (bf16 wherever the device computes it natively, as
 # an NVIDIA GPU from Ampere on does: fp32's exponent range, no GradScaler; otherwise the device's
 # first AMP dtype), whether that dtype needs a GradScaler, and the TF32 setting of the fp32
-# baseline (NVIDIA only). Without `dtype=...` the check-up checks the dtype it recommends.
+# baseline (NVIDIA only). Without `dtype=...` the check-up checks the dtype it recommends. And
+# where bf16 is only emulated (a CPU without AVX512-BF16 or AMX), fp32 is the fast choice and AMP
+# runs only to learn from: the summary and the advice then say so first, and the AMP lines are for
+# the device you will train on.
 
 # %%
 from amp_tutorial.checkup import recommended_dtype
@@ -84,6 +87,9 @@ recommended = recommended_dtype(info)  # bf16 where native, else the device's fi
 assert conv_report.amp_dtype == dtype_name(recommended)  # checked: the recommended dtype
 assert conv_report.recommended.startswith(f"{dtype_name(recommended)}: ")
 assert conv_report.grad_scaler == info.needs_grad_scaler(recommended)  # fp16 needs one
+# fp32 first where the only AMP dtype offered, bf16, is emulated (the device line says)
+emulated_only = info.native_bf16 is False and info.amp_dtypes == (torch.bfloat16,)
+assert (conv_report.fp32_faster is not None) == (info.type == "cpu" and emulated_only)
 assert conv_report.flagged == [] and conv_report.fp16_overflows == []
 assert conv_report.agrees, (conv_report.output_rel_diff, conv_report.loss_rel_gap)
 pd.DataFrame(conv_report.summary_rows()).fillna("")
@@ -106,7 +112,8 @@ ranges
 # %% [markdown]
 # ## 2. Which ops ran in which dtype, module by module
 #
-# The check-up traces one AMP step below autocast (lesson 17's dtype spy) and groups the ops by
+# The check-up traces one AMP step below autocast (a `TorchDispatchMode` sees every ATen op after
+# autocast has chosen its dtypes, and records them) and groups the ops by
 # the module that ran them, the loss and the backward pass apart. On the course's transformer the
 # linear layers run their matmul in the low dtype (`addmm` where `linear` is only a body that
 # calls it: CPU, CUDA, XPU; `linear` itself on MPS, which has a kernel of its own for it, as
@@ -188,16 +195,21 @@ assert not hazard.agrees and not math.isfinite(hazard.loss_rel_gap)
 assert hazard.first_nonfinite.startswith("stem.0 (Linear)")
 stem_max = next(r.act_max for r in hazard.ranges if r.module == "stem.0")
 assert torch.tensor(stem_max).to(torch.bfloat16).isfinite()  # bf16 holds it (max ~3.4e38)
-print(f"first non-finite under fp16 autocast: {hazard.first_nonfinite}")
+print(f"first non-finite under fp16 autocast: {hazard.first_nonfinite}")  # the module's output
 pd.DataFrame(hazard.range_rows())[["module", "max |activation|", "fp16 overflows"]]
 
 # %% [markdown]
 # What to do: each line comes with the finding it answers. Besides the autocast line, fp16 needs
 # the GradScaler (most of `stem.0`'s output gradients are below 2^-24 and would be zero unscaled),
-# and `stem.0` must stay in fp32.
+# and `stem.0` must stay in fp32. Its reason counts fewer `inf` than the line above: it names the
+# first op that made one, autocast's cast of the raw counts to fp16 (each count from 65520 up
+# becomes `inf`), while the line above counts `stem.0`'s whole output, where the matmul spreads
+# them (`inf - inf` is NaN).
 
 # %%
 advice = pd.DataFrame(hazard.advice_rows())
+cast_inf = int(counts.to(torch.float16).isinf().sum())  # counts past fp16's range, cast
+assert any(f"_to_copy in stem.0 made {cast_inf} inf" in why for why in advice["why"])
 stem = next(r for r in hazard.ranges if r.module == "stem.0")
 assert stem.grad_below_smallest > 0.5  # most of stem.0's output gradients: zero unscaled
 assert any("self.stem[0](h.float())" in line for line in advice["line"])
@@ -321,7 +333,8 @@ as_json = fixed.as_dict()
 assert {"amp_dtype", "ranges", "ops", "advice", "losses", "timing_ms"} <= set(as_json)
 # nothing here loaded the class service's client: the check-up sends your model nowhere
 assert not {"amp_tutorial.class_sync", "amp_tutorial.progress"} & set(sys.modules)
-sorted(as_json)
+print(f"{len(as_json)} fields; amp_dtype {as_json['amp_dtype']!r}, "
+      f"{len(as_json['advice'])} lines of advice")
 
 # %% [markdown]
 # ## Try it
@@ -343,8 +356,8 @@ sorted(as_json)
 #   needs no GradScaler, fp16 does) and says why.
 # - Compare each module's largest activation with 65504 before you train in fp16: a module past
 #   it gives `inf`, and the check-up names it.
-# - Keep such a module in fp32 (`torch.autocast(..., enabled=False)` on `.float()` inputs, or
-#   `custom_fwd(cast_inputs=torch.float32)`) and check again: fp16 then agrees with fp32.
+# - Keep such a module in fp32 (`torch.autocast(..., enabled=False)` around it, its inputs
+#   `.float()`) and check again: fp16 then agrees with fp32.
 # - The share of step time in fp32 ops is what AMP cannot speed up; the matmul ceiling is the
 #   most it can.
 

@@ -34,6 +34,7 @@ Command line: ``python -m amp_tutorial.checkup my_module:make`` where ``make()``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib
 import json
@@ -399,6 +400,9 @@ class Checkup:
     # per mode: the share of its timed steps' wall time its threads waited for a CPU
     # (``measure.Timing.wait_share``; None where it was not measured)
     timing_wait_share: dict[str, float | None] = field(default_factory=dict)
+    # where every low dtype is only emulated (a CPU without avx512_bf16 or AMX): why fp32 is
+    # the fast choice there, and AMP a check for the device it will run on; else None
+    fp32_faster: str | None = None
 
     @property
     def loss_tolerance(self) -> float:
@@ -511,6 +515,8 @@ class Checkup:
             {"finding": "device", "value": self.device},
             {"finding": "recommended dtype", "value": self.recommended.split(":")[0],
              "why": self.recommended.split(": ", 1)[-1]},
+            *([{"finding": "fastest on this device", "value": "fp32, no autocast",
+                "why": self.fp32_faster}] if self.fp32_faster else []),
             {"finding": "dtype checked", "value": self.amp_dtype, "why": self.dtype_why},
             {"finding": "GradScaler", "value": "needed" if self.grad_scaler else "not needed",
              "why": "fp16's exponent range is narrow: small gradients flush to zero" if
@@ -744,6 +750,13 @@ def _out_of_memory(device: torch.device, where: str, err: BaseException) -> Chec
                         "ranges and dtypes), or run it on a device with more memory")
 
 
+def _forward_only(step: StepFn | None) -> contextlib.AbstractContextManager:
+    """No autograd for a forward the check-up only reads, except around your ``step``: a step may
+    take gradients itself (``torch.autograd.grad`` for a gradient penalty or a physics-informed
+    loss), which needs autograd on, as it is in training."""
+    return torch.no_grad() if step is None else contextlib.nullcontext()
+
+
 def _first_forward(model: nn.Module, batch: Batch, loss_fn: LossFn | None, step: StepFn | None,
                    device: torch.device) -> None:
     """The fp32 forward and loss once, in training mode, turning each way it can fail into one
@@ -752,7 +765,7 @@ def _first_forward(model: nn.Module, batch: Batch, loss_fn: LossFn | None, step:
     args, kwargs, targets = _split(batch, loss_fn) if step is None else ((batch,), {}, None)
     model.train()  # as the check-up trains (GoogLeNet's auxiliary outputs are train-mode only)
     try:
-        with torch.no_grad():
+        with _forward_only(step):
             output = step(model, batch) if step is not None else model(*args, **kwargs)
     except CheckupError:
         raise
@@ -768,6 +781,8 @@ def _first_forward(model: nn.Module, batch: Batch, loss_fn: LossFn | None, step:
                            f"batch, before any AMP: {_first_line(err)}{hint}") from err
     if step is not None:
         loss, made_by = output, "step"
+        if isinstance(loss, torch.Tensor):
+            loss = loss.detach()  # its graph is not needed: free it now
     elif loss_fn is not None:
         made_by = "loss_fn"
         try:
@@ -795,7 +810,7 @@ def _first_forward(model: nn.Module, batch: Batch, loss_fn: LossFn | None, step:
                            + (f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
                               else ""))
     if not math.isfinite(float(loss)):
-        with torch.no_grad():
+        with _forward_only(step):
             where = first_nonfinite_module(model, lambda: batch_loss(model, batch, loss_fn,
                                                                      step=step))
         if any(not bool(t.isfinite().all()) for t in _tensors_in((args, kwargs))
@@ -859,6 +874,18 @@ def recommended_dtype(info: DeviceInfo) -> torch.dtype | None:
     if not asked and info.native_bf16 and torch.bfloat16 in info.amp_dtypes:
         return torch.bfloat16
     return info.amp_dtype
+
+
+def why_fp32_is_faster(info: DeviceInfo) -> str | None:
+    """Why fp32 is the fast choice on ``info``: a CPU whose every AMP dtype offered (bf16) is
+    only emulated, its bf16 matmuls on ATen's reference gemm (``device.cpu_bf16_native``);
+    None elsewhere."""
+    if info.type != "cpu" or info.native_bf16 is not False or any(
+            d != torch.bfloat16 for d in info.amp_dtypes):
+        return None
+    return ("this CPU only emulates bf16, the AMP dtype offered on it (no avx512_bf16 or AMX), "
+            "so fp32 is faster here: train in fp32 on it, and keep the AMP lines for a device "
+            "that computes bf16 natively (the check-up ran them to show they are right)")
 
 
 def _recommend(info: DeviceInfo, dtype: torch.dtype) -> str:
@@ -1052,6 +1079,9 @@ def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advic
     overflow = report.first_nonfinite is not None or bool(report.overflow_modules)
     out = [Advice(f'with torch.autocast(device_type="{kind}", dtype={torch_dtype}):  '
                   "# forward and loss only", f"{name}: {report.dtype_why}")]
+    if report.fp32_faster:
+        out.insert(0, Advice("# on this device: no autocast, fp32 (the lines below are for "
+                             "one with native bf16)", report.fp32_faster))
     if report.grad_scaler:
         share = max((r.grad_below_smallest for r in report.ranges), default=0.0)
         lift = (f"; a scale of at least {report.scale_needed:g} lifts 99% of the gradients "
@@ -1175,6 +1205,12 @@ def amp_checkup(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *
     """
     device = _device_of(model) if isinstance(model, nn.Module) else torch.device("cpu")
     _check_inputs(model, batch, loss_fn, step, device, free_bytes)
+    floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
+    if floating and all(d == torch.float64 for d in floating):
+        raise CheckupError("the model's parameters are float64, and autocast lowers no float64 "
+                           "tensor (is_eligible in ATen's autocast_mode.h): AMP would change "
+                           "nothing here. To check AMP, cast the model and the batch to float32 "
+                           "first (model.float())")
     if steps <= warmup:
         raise CheckupError(f"steps ({steps}) must be more than warmup ({warmup})")
     info = info or select_device(str(device))
@@ -1313,7 +1349,8 @@ def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
         ceiling_why=(ceiling.why_no_ceiling(name) if name in ceiling.low_dtypes
                      else f"{name} matmuls were not measured here"),
         op_overflows=op_overflows, init_scale=init_scale if dtype == torch.float16 else None,
-        fp32_spread=spread, outputs_all_zero=not bool(ref.any()))
+        fp32_spread=spread, outputs_all_zero=not bool(ref.any()),
+        fp32_faster=why_fp32_is_faster(info))
     # a run that compared too few applied AMP updates (the scaler skipped the others) is not
     # judged: its losses are those of the initial weights
     report.agrees = (rel <= AGREEMENT[dtype] and math.isfinite(gap)

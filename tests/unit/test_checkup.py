@@ -32,6 +32,7 @@ from amp_tutorial.checkup import (
     main,
     output_loss,
     recommended_dtype,
+    why_fp32_is_faster,
 )
 from amp_tutorial.device import (
     DeviceInfo,
@@ -167,7 +168,8 @@ def test_a_clean_model_gets_no_flag_and_its_ops_are_grouped_by_module():
     saved = report.saved  # the activations halve; the 16-bit weight copies are counted apart
     assert saved["amp"].activations < saved["fp32"].activations
     assert saved["fp32"].cast_weights == 0 < saved["amp"].cast_weights
-    assert [a.line.startswith("with torch.autocast") for a in report.advice][0]
+    # first the autocast line, after the fp32 line where bf16 is only emulated (this machine's)
+    assert report.advice[bool(report.fp32_faster)].line.startswith("with torch.autocast")
 
 
 def test_the_model_comes_back_as_it_was():
@@ -260,7 +262,7 @@ def test_command_line_prints_json_and_one_line_for_a_bad_target(capsys):
                  "--dtype", "bf16"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["amp_dtype"] == "bf16" and report["flagged"] == []
-    assert report["advice"][0]["line"].startswith("with torch.autocast")
+    assert report["advice"][bool(report["fp32_faster"])]["line"].startswith("with torch.autocast")
     assert main(["tests.unit.test_checkup"]) == 2
     assert capsys.readouterr().err.strip() == ("amp check-up: 'tests.unit.test_checkup' is not "
                                                "module:function (e.g. my_model:make)")
@@ -567,6 +569,29 @@ def test_a_step_function_of_yours_runs_as_the_loss():
     assert True in calls and False in calls  # run in fp32 and under autocast
     assert any(r.module == "attn" and r.type == "MultiheadAttention" for r in report.ranges)
     assert report.ran_low("attn") and report.agrees
+
+
+def test_a_step_that_takes_gradients_itself_is_checked():
+    """A gradient penalty (WGAN-GP, R1) or a physics-informed loss calls torch.autograd.grad
+    inside the step: autograd must be on around the step, as it is in training, also where the
+    check-up only reads the loss. The same step runs in plain torch, fp32 and under autocast."""
+    torch.manual_seed(0)
+    critic = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+    real = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+
+    def step(model, batch):
+        x = batch.clone().requires_grad_(True)
+        score = model(x)
+        (grad,) = torch.autograd.grad(score.sum(), x, create_graph=True)
+        return score.mean() + 10 * ((grad.norm(dim=1) - 1) ** 2).mean()
+
+    expected = float(step(copy.deepcopy(critic), real))  # autograd on: it takes a gradient
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(step(critic, real))  # plain torch runs it under autocast too
+    report = checkup(critic, real, step=step, dtype=torch.bfloat16, **OPTIONS)
+    assert isinstance(report, Checkup), report
+    assert report.losses["fp32"][0] == pytest.approx(expected, rel=1e-6)
+    assert report.ran_low("0") and report.agrees
 
 
 class Recurrent(nn.Module):
@@ -967,3 +992,39 @@ def test_a_loss_trained_to_near_zero_is_judged_against_a_floor():
     assert loss_gap(1e-6, 0.0, 1.0) == pytest.approx(1e-6 / LOSS_FLOOR)  # 1e-4, not 1e6
     assert loss_gap(2e-3, 1e-3, 1.0) == pytest.approx(1e-3 / LOSS_FLOOR)  # under the floor
     assert loss_gap(1.0, 0.0, 0.0) == pytest.approx(1e12)  # nothing to scale by: still a gap
+
+
+EMULATED_BF16_CPU = DeviceInfo(torch.device("cpu"), "cpu", "a fake CPU that emulates bf16",
+                               (torch.bfloat16,), False)
+
+
+def test_where_every_low_dtype_is_emulated_the_advice_starts_with_fp32():
+    """Issue 58: on a CPU that only emulates bf16 (the only AMP dtype a CPU is offered here),
+    fp32 is the fast choice; the check-up says so first, and why, then the AMP lines it checked.
+    Where bf16 is native, or on a GPU, it says nothing of the kind."""
+    assert "fp32 is faster here" in why_fp32_is_faster(EMULATED_BF16_CPU)
+    assert why_fp32_is_faster(NATIVE_BF16_CPU) is None and why_fp32_is_faster(FAKE_H100) is None
+    report = checkup(fresh(RawCountsFixed), counts_batch(), nn.functional.mse_loss,
+                     info=EMULATED_BF16_CPU, **OPTIONS)
+    assert isinstance(report, Checkup), report
+    first, autocast_line = report.advice[0], report.advice[1]
+    assert first.line.startswith("# on this device: no autocast, fp32") and "emulates" in first.why
+    assert "torch.autocast" in autocast_line.line and report.amp_dtype == "bf16"
+    rows = {r["finding"]: r for r in report.summary_rows()}
+    assert rows["fastest on this device"]["value"] == "fp32, no autocast"
+    native = checkup(fresh(RawCountsFixed), counts_batch(), nn.functional.mse_loss,
+                     info=NATIVE_BF16_CPU, dtype=torch.bfloat16, **OPTIONS)
+    assert native.fp32_faster is None and "torch.autocast" in native.advice[0].line
+
+
+def test_a_float64_model_is_refused_because_autocast_lowers_nothing_there():
+    """Issue 59: a float64 model got "agree" and autocast advice, though autocast ran every op in
+    float64 (ATen's is_eligible leaves kDouble tensors alone): one line saying so instead."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)).double()
+    inputs, targets = torch.randn(32, 8, dtype=torch.float64), torch.zeros(32, 1).double()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(inputs).dtype == torch.float64  # autocast left every op in float64
+    report = checkup(model, (inputs, targets), nn.functional.mse_loss, **OPTIONS)
+    assert isinstance(report, NotChecked), report
+    assert "float64" in report.line and "model.float()" in report.line
