@@ -269,8 +269,9 @@ def _process_problems(spy: TrainingSpy, scenario: Scenario, run: Attempt) -> lis
         found.append(Problem.named(key, what, why, fix))
 
     if c["backward"] == 0 and error is None:
-        named(NO_BACKWARD, "backward() was never called,", "so no gradient was computed and "
-              "nothing trained.", "call scaler.scale(loss).backward() once per batch.")
+        named(NO_BACKWARD, "backward() was never called, so nothing trained.", "Without it no "
+              "gradient is computed for the optimizer to use.", "call "
+              "scaler.scale(loss).backward() once per batch.")
     if c["forward_no_autocast"]:
         hint = (" autocast was on, but for another device type." if c["forward_other_device"]
                 else "")
@@ -364,9 +365,9 @@ def _process_problems(spy: TrainingSpy, scenario: Scenario, run: Attempt) -> lis
               "step whose gradient norm is above it.", "clip only "
               "`if max_grad_norm is not None:`.")
     if error is None and c["backward"] and c["optimizer_step"] == 0 and not found:
-        named(NO_OPTIMIZER_STEP, "The optimizer passed in never stepped,", "so the weights "
-              "never changed.", "step the optimizer you were given, through "
-              "scaler.step(optimizer).")
+        named(NO_OPTIMIZER_STEP, "The optimizer passed in never stepped, so the weights never "
+              "changed.", "Only its step applies the gradients to them.", "step the optimizer "
+              "you were given, through scaler.step(optimizer).")
     # last: an error is often GradScaler refusing a call order named above
     if crashed := error_problem(run, "train_with_amp", after_others=bool(found)):
         found.append(crashed)
