@@ -383,9 +383,8 @@ print(f"update norm, first -> last step: unscale_ first {right['update'].iloc[0]
 # not the optimizer you configured, its threshold moving with the scale. Code touching `.grad`
 # between backward and step (logging, regularisers) needs `scaler.unscale_(optimizer)` first.
 #
-# The wrong order may still end with the lower loss: a few dozen steps on one problem rank two
-# optimizers, not two orders, and the wrong order's is one you never chose, its threshold moving
-# each time the scaler halves or grows the scale. The right order is the clip you configured.
+# A lower loss for the wrong order ranks two optimizers, not two orders: its one you never chose,
+# its threshold moving with every change of scale. The right order is the clip you configured.
 #
 # ### Exercise: one fp16 step with clipping
 #

@@ -383,8 +383,7 @@ load_checkpoint(mixed, back_to_fp32["model"], back_to_fp32["optimizer"], back_to
 assert same_parameters(back_to_fp32["model"], amp_run["model"])
 print(f"fp32 steps: loss {fp32_losses[0]:.4f} -> {fp32_losses[-1]:.4f}; resumed with AMP: "
       f"{amp_losses[0]:.4f} -> {amp_losses[-1]:.4f} (each step a new batch: losses move a little)")
-# AMP's first loss sits where fp32 stopped, not where a fresh model starts: training carried on
-assert abs(amp_losses[0] - fp32_losses[-1]) < abs(amp_losses[0] - fp32_losses[0])
+assert abs(amp_losses[0] - fp32_losses[-1]) < abs(amp_losses[0] - fp32_losses[0])  # carried on
 
 # %% [markdown]
 # ## 4. Several models, losses and optimizers, one scaler
