@@ -12,7 +12,8 @@ workers with the course's Python):
     python scripts/train_ddp.py --preset smoke
 
 The file reads top to bottom like a training script: settings (constants and the command line),
-setup (this process's device, the process group, the data), the training loop (``train``), and
+setup (the data; this process's device and the process group come from
+``amp_tutorial.distributed``, shared with ``train_fsdp.py``), the training loop (``train``), and
 ``main``, whose ``finally`` destroys the process group also when training fails.
 
 The image's rows are the dataset: a DistributedSampler gives each process its own share of them
@@ -47,6 +48,12 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from amp_tutorial.checkpoint import parameter_hash, save_checkpoint
 from amp_tutorial.data import make_problem
 from amp_tutorial.device import DeviceNotAvailableError, dtype_name, select_device
+from amp_tutorial.distributed import (
+    DistributedConfigError,
+    device_for,
+    distributed_env,
+    init_process_group,
+)
 from amp_tutorial.models import ConvModel
 from amp_tutorial.nonfinite import check_finite_loss
 from amp_tutorial.presets import UnknownPresetError, get_preset
@@ -56,13 +63,7 @@ from amp_tutorial.presets import UnknownPresetError, get_preset
 SEED = 0
 LEARNING_RATE = 1e-3
 STEPS_PER_EPOCH = 4  # the default batch size splits the image into this many global batches
-BACKENDS = {"cuda": "nccl", "cpu": "gloo", "xpu": "xccl"}
 DTYPES = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class DDPConfigError(ValueError):
-    """A setting that cannot work (device, dtype, sizes); raised before any process group exists.
-    """
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,66 +94,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     if args.lr <= 0:
         parser.error(f"--lr must be positive, got {args.lr}")
-    _, local_rank, world_size = _distributed_env()
+    _, local_rank, world_size = distributed_env()
     try:
-        args.device_obj = _device_for(args.device, local_rank, world_size)
+        args.device_obj = device_for(args.device, local_rank, world_size)
         get_preset(args.preset, args.device_obj.type)
-    except (DeviceNotAvailableError, UnknownPresetError, DDPConfigError) as err:
+    except (DeviceNotAvailableError, UnknownPresetError, DistributedConfigError) as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
     return args
 
 
-# --- setup: this process's device, the process group, the data ---------------------------------
-
-def _distributed_env() -> tuple[int, int, int]:
-    """(rank, local rank, world size) from torchrun's environment, or (0, 0, 1) without it."""
-    if "RANK" not in os.environ:
-        return 0, 0, 1
-    return (int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]),
-            int(os.environ["WORLD_SIZE"]))
-
-
-def _device_for(requested: str | None, local_rank: int, world_size: int) -> torch.device:
-    """The device this process trains on: the requested type, indexed by the local rank on GPUs."""
-    info = select_device(requested)
-    if info.type == "cpu":
-        return info.device
-    if info.type not in BACKENDS:
-        raise DDPConfigError(f"DDP has no communication backend for {info.type!r} tensors; "
-                             f"use --device cpu (or one of {', '.join(BACKENDS)})")
-    if world_size > 1 and info.device.index is not None:
-        raise DDPConfigError(f"--device {requested} names one GPU, but {world_size} processes "
-                             f"need one each: pass --device {info.type} (process i uses "
-                             f"{info.type}:LOCAL_RANK)")
-    count = torch.cuda.device_count() if info.type == "cuda" else torch.xpu.device_count()
-    index = info.device.index if info.device.index is not None else local_rank
-    if index >= count:
-        raise DDPConfigError(f"local rank {local_rank} has no {info.type} device: {count} "
-                             f"visible; start at most {count} processes per node")
-    return torch.device(info.type, index)
-
+# --- setup: the data (the device and the process group: amp_tutorial.distributed) --------------
 
 def _amp_dtype(choice: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype (None = fp32, autocast off) for ``--dtype``."""
     if choice == "auto":
         return select_device(str(device)).amp_dtype
     return None if DTYPES[choice] == torch.float32 else DTYPES[choice]
-
-
-def init_process_group(device: torch.device) -> None:
-    """Join torchrun's process group (NCCL/RCCL on GPUs, Gloo on CPU), or without torchrun
-    create a one-process group in memory, so the same DDP code runs unchanged.
-    """
-    device_id = None
-    if device.type != "cpu":
-        getattr(torch, device.type).set_device(device)  # torch.cuda / torch.xpu
-        device_id = device
-    backend = BACKENDS[device.type]
-    if "RANK" not in os.environ:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                device_id=device_id)
-    else:  # torchrun set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
-        dist.init_process_group(backend, device_id=device_id)
 
 
 def row_dataset(grid: int, device: torch.device) -> TensorDataset:

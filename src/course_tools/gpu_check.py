@@ -144,6 +144,8 @@ ROW_CHECKS: dict[str, Check] = {
     "17-mps-linear": Check(needs="MPS"),
     "18-checkup": Check(("18",)),
     "17-math-fallback": Check(needs="MPS or a GPU on SDPA's math fallback"),
+    "19-fsdp2-device": Check(("19",)),
+    "19-fsdp2-multi-gpu": Check(needs="2+ GPUs"),
     "handout-allocator-peak": Check(peaks=True),
     "device-rocm-bf16": Check(needs="ROCm"),
     "device-cuda-bf16": Check(probe="cuda-bf16"),
