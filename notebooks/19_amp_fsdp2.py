@@ -1,8 +1,14 @@
 # ---
 # jupyter:
 #   amp_tutorial:
-#     learner_minutes: 35
-#     minutes: {}
+#     learner_minutes: 25
+#     memory:
+#       cpu: 10
+#       paper: 10
+#     minutes:
+#       cpu: 2.6
+#       small: 2.1
+#       smoke: 1.9
 #     needs: any device, CPU included; it always runs 2 CPU processes (Gloo); the multi-GPU
 #       and multi-node commands it shows need GPUs (NCCL/RCCL, XCCL)
 #     track: advanced
@@ -24,8 +30,9 @@
 # DDP (lesson 11) keeps a whole copy of the model, its gradients and its optimizer state on every
 # device. Once that no longer fits, FSDP2 (`torch.distributed.fsdp.fully_shard`) splits each
 # parameter across the processes: each keeps a 1/N shard in fp32 and its optimizer updates only
-# that shard. Before a sharded block runs, its shards are all-gathered and cast to a 16-bit
-# `param_dtype`; in backward its gradients are reduce-scattered in `reduce_dtype`. This lesson
+# that shard. Before a sharded block runs, each process casts its shards to a 16-bit
+# `param_dtype` and the copies are all-gathered; in backward its gradients are reduce-scattered
+# in `reduce_dtype`. This lesson
 # measures what that policy does that autocast does not (and the reverse), what the reduce dtype
 # changes, fp16 with a GradScaler on sharded gradients, memory per process, and a sharded
 # checkpoint resumed exactly.
@@ -66,7 +73,8 @@ assert SCRIPT.is_file(), f"{SCRIPT} not found: open this lesson from the course'
 #
 # `MixedPrecisionPolicy(param_dtype=...)` acts on **parameters**: the gathered weights of a
 # sharded block are cast to `param_dtype`, and everything the block computes with them follows
-# (the first input of each sharded module is cast too, `cast_forward_inputs=True`). Autocast acts
+# (with `cast_forward_inputs=True`, the default, every floating-point tensor passed to a sharded
+# module's forward is cast too; integer token ids are left alone). Autocast acts
 # on **ops**: it looks each one up in its lists (lesson 01) and casts that op's inputs. To see the
 # difference, the cell traces every op of one forward pass, in this kernel, in a process group
 # of one: the plain model under autocast, the sharded model with the policy, and both together.
@@ -120,8 +128,9 @@ print(f"sharded head.weight: {type(weight).__name__} {weight.dtype}, gradient {g
 # bytes on the wire, every op in 16 bits. Add autocast where an op needs
 # fp32 on your device, or keep such a module's policy at fp32 (`fully_shard` takes one policy
 # per module). `output_dtype` casts a module's outputs: on the root, for example, logits in fp32
-# for the loss. On every block it would fail: a block's fp32 output meets the root's final
-# LayerNorm, whose weights are 16-bit, and only a sharded module's own inputs are cast.
+# for the loss. On every block it would fail (without CUDA autocast, whose fp32 rule for
+# `layer_norm` would cast both): a block's fp32 output meets the root's final LayerNorm, whose
+# weights are 16-bit, and only a sharded module's own inputs are cast.
 
 # %%
 with process_group(info.device):
@@ -141,8 +150,8 @@ assert logits.dtype == torch.float32 and table.loc["addmm", "policy"] == low_nam
 # %%
 source = SCRIPT.read_text()
 cut = source.index  # the loop's training lines, without the summary's bookkeeping
-print(source[cut("    for step in range(start, end):"):cut("        if args.grads")]
-      + source[cut("        scaler.step(optimizer)"):cut("        summary.skip")])
+print(source[cut("    for step in range(start, end):"):cut("        if step + 1 == args.inf_at")]
+      + source[cut("        scaler.step(optimizer)"):cut("        skipped +=")])
 
 # %% [markdown]
 # The run below trains 24 steps with `param_dtype` bf16 and `reduce_dtype` fp32, writes a sharded
@@ -161,9 +170,9 @@ assert first["output_dtype"] == "bf16" and first["losses"][-1] < 0.5 * first["lo
 # ## 3. `reduce_dtype`: fp32 or 16 bits for the gradients' reduce-scatter
 #
 # Backward computes each process's gradients in bf16 (the weights are bf16). With
-# `reduce_dtype=torch.float32` they are cast to fp32 before the processes sum them; with bf16 the
-# sum itself is rounded to bf16's 8 significant bits. Same weights, same first batch, only the
-# reduce dtype changed:
+# `reduce_dtype=torch.float32` they are cast to fp32 before the processes sum them; with bf16
+# each partial sum is rounded to bf16's 8 significant bits. Same weights, same first batch, only
+# the reduce dtype changed:
 
 # %%
 run["grads16"] = work / "grads_bf16.pt"
@@ -173,41 +182,45 @@ g32, g16 = torch.load(run["grads32"]), torch.load(run["grads16"])
 diff = sum(((g32[k] - g16[k]) ** 2).sum() for k in g32) ** 0.5
 size = sum((g ** 2).sum() for g in g32.values()) ** 0.5
 print(f"gradients, bf16 reduce against fp32 reduce: {diff / size:.2e} relative "
-      f"(bf16's rounding step: up to 2^-9 = {2 ** -9:.2e} of a value)")
+      f"(one bf16 rounding: at most 2^-8 = {2 ** -8:.2e} of a value)")
 assert 0 < diff / size < 2 ** -7
 
 # %% [markdown]
-# A relative error of about one bf16 rounding, on 2 processes. Every extra process adds another
-# rounded addition, so the error grows with the number of processes; an fp32 reduce costs twice
-# the bytes on the wire and keeps the sum exact to fp32. Use fp32 unless the reduce-scatter is
-# what limits your step time.
+# A relative error of about one bf16 rounding, on 2 processes. A ring-style reduction (Gloo,
+# NCCL's ring) rounds again at every hop, so the error grows with the number of processes (about
+# as its square root); an fp32 reduce costs twice the bytes on the wire and rounds the sum only to
+# fp32. Use fp32 unless the reduce-scatter is what limits your step time.
 #
 # ## 4. fp16 with a GradScaler on sharded gradients
 #
 # With `param_dtype=torch.float16` the gradients can underflow (lesson 02), so the script adds
 # a plain `torch.amp.GradScaler`. Each process checks only its own shards for inf/NaN, yet all
-# must skip the same steps: DTensor's dispatcher handles the check
-# (`aten._amp_foreach_non_finite_check_and_unscale_`) with `found_inf_reduce_handler`, which
-# takes the maximum of `found_inf` over all shards (`torch/distributed/tensor/_dispatch.py`).
-# FSDP1 needed its own `ShardedGradScaler` for this; FSDP2 does not.
+# must skip the same steps, or their shards would drift apart: DTensor's dispatcher handles the
+# check (`aten._amp_foreach_non_finite_check_and_unscale_`) with `found_inf_reduce_handler`,
+# which takes the maximum of `found_inf` over all shards (`torch/distributed/tensor/_dispatch.py`).
+# FSDP1 needed its own `ShardedGradScaler` for this; FSDP2 does not. The run below puts an inf
+# into rank 1's gradient shard at step 3 (`--inf-at 3`), and only there:
 
 # %%
 assert hasattr(dtensor_dispatch, "found_inf_reduce_handler")
 run["fp16"] = work / "fp16.json"
 print(torchrun(SCRIPT, "--preset", "smoke", "--device", "cpu", "--param-dtype", "fp16",
-               "--steps", "8", "--summary", str(run["fp16"])))
+               "--steps", "8", "--inf-at", "3", "--summary", str(run["fp16"])))
 fp16 = json.loads(run["fp16"].read_text())
 assert fp16["grad_scaler"] and fp16["output_dtype"] == "fp16"
+assert fp16["skipped_steps"] == [1, 1] and fp16["final_scale"] == 2.0**15  # both skipped step 3
 assert fp16["losses"][-1] < fp16["losses"][0]
-print(f"fp16: final scale {fp16['final_scale']:.0f}, {fp16['skipped_steps']} step(s) skipped")
+print(f"steps skipped per rank: {fp16['skipped_steps']}; scale 65536 -> {fp16['final_scale']:.0f}")
 
 # %% [markdown]
 # ## 5. Memory per process, beside DDP's
 #
-# DDP keeps the whole fp32 model, its gradients and AdamW's two moments on every process.
+# DDP keeps the whole fp32 model, its gradients and AdamW's two moments on every process (and
+# its gradient buckets, one more gradient-sized buffer unless `gradient_as_bucket_view=True`).
 # FSDP2 keeps 1/N of each, plus, while a block computes, that block and the root's parameters
-# gathered whole in 16 bits. The bytes below are counted from the tensors (each process's
-# shards, `DTensor.to_local()`); DDP's from a plain model after one AdamW step.
+# gathered whole in 16 bits. The first three rows are counted from the tensors (each process's
+# shards, `DTensor.to_local()`, without FSDP2's padding of the last shard); DDP's from a plain
+# model after one AdamW step. The gathered row is computed from the sizes, and a lower bound.
 
 # %%
 model = fresh_model()
@@ -217,23 +230,28 @@ optimizer.step()
 ddp = state_bytes(model, optimizer)
 memory = pd.DataFrame({"DDP, each process": ddp,
                        **{f"FSDP2, rank {r}": held for r, held in enumerate(first["state_bytes"])}})
-memory.loc["gathered block + root (16-bit, transient)"] = [0, *[first["unsharded_unit_bytes"]] * 2]
+memory.loc["gathered block + root (16-bit, at least)"] = [0, *[first["unsharded_unit_bytes"]] * 2]
 memory.loc["total"] = memory.sum()
 display((memory / 2**10).round(1).rename(columns=lambda c: c + " (KiB)"))
 for kind in ddp:  # the two shards together are exactly the whole
     assert sum(held[kind] for held in first["state_bytes"]) == ddp[kind]
 
 # %% [markdown]
-# At 2 processes each holds half of the fp32 state, plus a transient 16-bit block; at N the
-# state shrinks as 1/N while the gathered block stays the same size. (On a GPU the script also
-# records each process's allocator peak, `device_peak_bytes` in its summary.)
+# At 2 processes each holds half of the fp32 state, plus the gathered 16-bit parameters; at N the
+# state shrinks as 1/N while the gathered part does not. That row is the least of it: the root
+# stays gathered from its forward until backward, backward gathers the next block ahead
+# (prefetch), the block being reduced has 16-bit gradients and an fp32 reduce buffer, and
+# activations come on top. On a GPU the script records each process's allocator peak
+# (`device_peak_bytes` in its summary), which counts them all.
 #
 # ## 6. A sharded checkpoint, resumed exactly
 #
 # `torch.distributed.checkpoint` writes each process's shards itself (no gather to one process),
 # from `get_state_dict(model, optimizer)`; the step and the scaler's state are rank 0's JSON
 # beside them. A second job that starts from the checkpoint written after step 12 must end with
-# the same weights, bit for bit, as the run that went on:
+# the same weights, bit for bit, as the run that went on. (Bit for bit needs the same number of
+# processes and deterministic kernels: DCP loads the shards into any number of processes, but
+# another reduction order changes the last bits.)
 
 # %%
 run["b"] = work / "b.json"
@@ -245,10 +263,10 @@ assert resumed["param_hash"] == first["param_hash"]  # the same weights, gathere
 print(f"resumed at step 12: the same 12 losses, the same weights ({first['param_hash'][:16]}...)")
 
 # %% [markdown]
-# **FP8.** torchao's float8 training (lesson 16) works with FSDP2 as well:
-# `Float8LinearConfig(enable_fsdp_float8_all_gather=True)` all-gathers the weights already in
-# float8, half of bf16's bytes. It needs what lesson 16 needs: torchao on this torch, and FP8
-# matmuls that make it faster only on GPUs with FP8 units (H100, MI300 and later).
+# **FP8.** torchao's float8 training (lesson 16) has an FSDP2 option:
+# `Float8LinearConfig(enable_fsdp_float8_all_gather=True)` casts each shard to float8 before the
+# all-gather, half of bf16's bytes. It is not run here: it pays only where FP8 matmuls are fast,
+# on GPUs with FP8 units (NVIDIA compute capability 8.9+, AMD MI300 and later).
 #
 # **On GPUs and across nodes**, the same script, one process per GPU (NCCL; RCCL on ROCm):
 #
@@ -264,10 +282,10 @@ print(f"resumed at step 12: the same 12 losses, the same weights ({first['param_
 # 1. **The policy at fp32.** In section 1, set `policy = MixedPrecisionPolicy(param_dtype=
 #    torch.float32)` and rerun the two cells. Predict the `policy` column: every op in fp32, and
 #    the first assert of the next cell fails, since the policy no longer casts anything.
-# 2. **Three processes.** In section 4, add `processes=3` to the `torchrun(...)` call. The
-#    script refuses: the `smoke` batch of 32 sequences does not split over 3 processes.
-#    With `processes=4`, each process trains on 8 sequences of every batch, and the run trains
-#    as before.
+# 2. **Four processes.** In section 4, add `processes=4` to the `torchrun(...)` call. Predict
+#    the steps skipped per rank: `[1, 1, 1, 1]`, although only rank 3 saw the inf, and the
+#    assert written for two ranks fails. With `processes=3` the script refuses: the `smoke`
+#    batch of 32 sequences does not split over 3 processes.
 
 # %% [markdown]
 # ## What to remember

@@ -14,8 +14,9 @@ How to run it from the checkout (prefix ``pdm run`` on the host; in the Docker i
     python scripts/train_fsdp.py --preset smoke
 
 FSDP2 splits every parameter across the processes (each keeps a 1/N shard in fp32: the
-optimizer's master weights). Before a block runs, its shards are all-gathered and cast to
-``param_dtype``, so the whole block computes in that dtype, and after it they are freed again.
+optimizer's master weights). Before a block runs, each process casts its shards to
+``param_dtype`` and the 16-bit copies are all-gathered, so the whole block computes in that dtype;
+after it the gathered copy is freed again.
 In backward the gradients are reduce-scattered in ``reduce_dtype``, and each process's optimizer
 updates its own fp32 shard. ``--param-dtype fp16`` adds a GradScaler: DTensor's dispatcher takes
 the maximum of ``found_inf`` over the shards, so every process skips the same steps.
@@ -85,12 +86,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint", help="directory where every process writes its shards")
     parser.add_argument("--resume", help="a --checkpoint directory to continue from")
     parser.add_argument("--grads", help="where rank 0 writes the first step's full gradients")
+    parser.add_argument("--inf-at", type=int, help="put an inf into the last rank's gradient "
+                        "shard at this step (fp16): every rank must skip that step")
     parser.add_argument("--summary", help="where rank 0 writes a JSON summary of the run")
     args = parser.parse_args(argv)
-    for name in ("steps", "save_at"):
+    for name in ("steps", "save_at", "inf_at"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.save_at and args.steps and args.save_at > args.steps:
+        parser.error(f"--save-at {args.save_at} is after the last step ({args.steps}): the "
+                     "checkpoint would never be written")
     if args.resume and not (Path(args.resume) / TRAIN_STATE).is_file():
         parser.error(f"--resume {args.resume}: no {TRAIN_STATE} there; pass a directory that an "
                      "earlier run wrote with --checkpoint")
@@ -100,6 +106,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         preset = get_preset(args.preset, args.device_obj.type)
     except (DeviceNotAvailableError, UnknownPresetError, DistributedConfigError) as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
+    saved = json.loads((Path(args.resume) / TRAIN_STATE).read_text())["step"] if args.resume else 0
+    if saved >= (args.steps or preset.transformer.steps):
+        parser.exit(2, f"{parser.prog}: error: the checkpoint in {args.resume} is at step {saved}: "
+                    "pass a --steps beyond it to train on\n")
     if preset.transformer.batch % world_size:
         parser.exit(2, f"{parser.prog}: error: the {preset.name} preset's batch of "
                     f"{preset.transformer.batch} sequences does not split over {world_size} "
@@ -135,7 +145,7 @@ class Summary:
     output_dtype: str = ""  # the logits' dtype
     sharded_param_dtype: str = ""  # the optimizer's (master) copy
     losses: list[float] = field(default_factory=list)  # mean over all ranks, per step
-    skipped_steps: int = 0
+    skipped_steps: list[int] = field(default_factory=list)  # one per rank: GradScaler's skips
     final_scale: float | None = None
     state_bytes: list[dict[str, int]] = field(default_factory=list)  # one per rank
     unsharded_unit_bytes: int = 0
@@ -173,18 +183,21 @@ def train(args: argparse.Namespace) -> Summary:
         f"{'on' if use_scaler else 'off'}; preset {preset.name}, steps {start + 1}-{end} of "
         f"{steps}")
     reset_peak_memory(device)
+    skipped = 0
     for step in range(start, end):
         inputs, targets = (t.chunk(world_size)[rank] for t in batches[step])  # this rank's share
         optimizer.zero_grad(set_to_none=True)
-        logits = model(inputs)  # each block all-gathers its shards, casts them to param_dtype
+        logits = model(inputs)  # each block casts its shards to param_dtype, all-gathers them
         loss = sequence_loss(logits, targets)
         scaler.scale(loss).backward()  # gradients reduce-scattered in reduce_dtype
+        if step + 1 == args.inf_at and rank == world_size - 1:
+            next(model.parameters()).grad.to_local().view(-1)[0] = float("inf")  # this shard only
         if args.grads and step == start:
             write_gradients(args.grads, model, scaler, optimizer, rank)
         scale = scaler.get_scale() if use_scaler else None
         scaler.step(optimizer)  # each process updates its own fp32 shard
         scaler.update()
-        summary.skipped_steps += use_scaler and scaler.get_scale() < scale
+        skipped += use_scaler and scaler.get_scale() < scale
         mean_loss = loss.detach().float()
         dist.all_reduce(mean_loss)
         summary.losses.append(check_finite_loss(mean_loss / world_size, step))
@@ -201,9 +214,11 @@ def train(args: argparse.Namespace) -> Summary:
     summary.final_scale = scaler.get_scale() if use_scaler else None
     summary.unsharded_unit_bytes = largest_unit_bytes(model, param_dtype)
     per_rank: list[object] = [None] * world_size
-    dist.all_gather_object(per_rank, (state_bytes(model, optimizer), peak_memory_bytes(device)))
-    summary.state_bytes = [held for held, _ in per_rank]
-    summary.device_peak_bytes = [peak for _, peak in per_rank]
+    dist.all_gather_object(per_rank, (state_bytes(model, optimizer), peak_memory_bytes(device),
+                                      int(skipped)))
+    summary.state_bytes = [held for held, _, _ in per_rank]
+    summary.device_peak_bytes = [peak for _, peak, _ in per_rank]
+    summary.skipped_steps = [count for _, _, count in per_rank]
     summary.param_hash = full_parameter_hash(model)
     if rank == 0 and args.summary:
         Path(args.summary).parent.mkdir(parents=True, exist_ok=True)

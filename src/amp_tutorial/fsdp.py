@@ -3,9 +3,10 @@ what a lesson or a training script reads off a sharded model (the weights' hash,
 process holds, the dtype every op ran in).
 
 FSDP2 turns each parameter into a ``DTensor`` sharded on dim 0 across the process group. Before a
-sharded module runs, its shards are all-gathered and cast to the policy's ``param_dtype``; after
-it, the gathered copy is freed (``reshard_after_forward``). In backward, gradients are
-reduce-scattered in ``reduce_dtype`` and land, sharded, in the fp32 parameters' ``.grad``.
+sharded module runs, each process casts its shards to the policy's ``param_dtype`` and the 16-bit
+copies are all-gathered; after it, the gathered copy is freed (``reshard_after_forward``; the
+root's stays until backward). In backward, gradients are reduce-scattered in ``reduce_dtype`` and
+land, sharded, in the fp32 parameters' ``.grad``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def full_parameter_hash(model: nn.Module) -> str:
 
 
 def _local_bytes(t: torch.Tensor) -> int:
-    t = t.to_local() if hasattr(t, "to_local") else t  # a DTensor's shard on this process
+    # a DTensor's shard on this process, without FSDP2's padding of the last shard
+    t = t.to_local() if hasattr(t, "to_local") else t
     return t.numel() * t.element_size()
 
 
@@ -72,9 +74,10 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str,
 
 
 def largest_unit_bytes(model: DecoderTransformer, param_dtype: torch.dtype) -> int:
-    """Bytes of unsharded parameters a process holds while one block computes: the largest block
-    plus the root's own parameters (embeddings, final norm, head), whole and in ``param_dtype``.
-    Computed from the sizes, not measured: FSDP2 frees each block's gathered copy after it runs."""
+    """Bytes of unsharded parameters a process holds at least while one block computes: the
+    largest block plus the root's own parameters (embeddings, final norm, head; the root is not
+    resharded after forward), whole and in ``param_dtype``. Computed from the sizes, not measured;
+    a lower bound: in backward the next block is prefetched, and gradient buffers come on top."""
     size = torch.empty((), dtype=param_dtype).element_size()
     blocks = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
     root = sum(p.numel() for p in model.parameters()) - sum(blocks)

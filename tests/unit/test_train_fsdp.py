@@ -59,10 +59,24 @@ def test_two_nodes_train_as_one_process_does(tmp_path: Path,
     assert max(halves) < 0.51 * sum(halves)
 
 
+def test_resuming_at_or_past_the_last_step_is_a_clear_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in RANK_VARS:
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "train_state.json").write_text(json.dumps({"step": 6, "scaler": {}}))
+    with pytest.raises(SystemExit) as exc:
+        main(["--preset", "smoke", "--steps", "6", "--resume", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "is at step 6: pass a --steps beyond it" in capsys.readouterr().err
+    assert not dist.is_initialized()
+
+
 @pytest.mark.parametrize(("args", "environ", "message"), [
     (["--preset", "smoke", "--steps", "0"], {}, "--steps must be at least 1"),
     (["--preset", "smoke", "--reduce-dtype", "int8"], {}, "invalid choice"),
     (["--preset", "smoke", "--resume", "/nonexistent"], {}, "no train_state.json there"),
+    (["--preset", "smoke", "--steps", "4", "--save-at", "5"], {}, "the checkpoint would never"),
     (["--preset", "smoke", "--device", "cpu"],
      {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "3"}, "does not split over 3 processes"),
 ])
