@@ -47,16 +47,11 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from amp_tutorial.checkpoint import parameter_hash, save_checkpoint
 from amp_tutorial.data import make_problem
-from amp_tutorial.device import DeviceNotAvailableError, dtype_name, select_device
-from amp_tutorial.distributed import (
-    DistributedConfigError,
-    device_for,
-    distributed_env,
-    init_process_group,
-)
+from amp_tutorial.device import dtype_name, select_device
+from amp_tutorial.distributed import device_and_preset, init_process_group, script_parser
 from amp_tutorial.models import ConvModel
 from amp_tutorial.nonfinite import check_finite_loss
-from amp_tutorial.presets import UnknownPresetError, get_preset
+from amp_tutorial.presets import get_preset
 
 # --- settings ------------------------------------------------------------------------------------
 
@@ -69,14 +64,7 @@ DTYPES = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": t
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse and check the options before any process group exists; exit 2 with a clear error.
     """
-    parser = argparse.ArgumentParser(
-        prog="train_ddp.py", description=__doc__.splitlines()[0],
-        epilog="Launch N processes with: torchrun --standalone --nproc-per-node N "
-               "scripts/train_ddp.py [options]")
-    parser.add_argument("--preset", help="paper, cpu, small, smoke or auto (default: "
-                        "$AMP_TUTORIAL_PRESET or auto)")
-    parser.add_argument("--device", help="cuda, xpu or cpu (default: $AMP_TUTORIAL_DEVICE or the "
-                        "best available); each process uses <type>:LOCAL_RANK")
+    parser = script_parser("train_ddp.py", __doc__.splitlines()[0])
     parser.add_argument("--dtype", choices=list(DTYPES), default="auto",
                         help="autocast dtype; auto = the device's default (fp16 + GradScaler on "
                         "GPUs, bf16 on CPU); fp32 turns autocast off")
@@ -94,12 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     if args.lr <= 0:
         parser.error(f"--lr must be positive, got {args.lr}")
-    _, local_rank, world_size = distributed_env()
-    try:
-        args.device_obj = device_for(args.device, local_rank, world_size)
-        get_preset(args.preset, args.device_obj.type)
-    except (DeviceNotAvailableError, UnknownPresetError, DistributedConfigError) as err:
-        parser.exit(2, f"{parser.prog}: error: {err}\n")
+    args.device_obj, _, _ = device_and_preset(parser, args)
     return args
 
 

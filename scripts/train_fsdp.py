@@ -43,17 +43,12 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from amp_tutorial.device import DeviceNotAvailableError, dtype_name, select_device
-from amp_tutorial.distributed import (
-    DistributedConfigError,
-    device_for,
-    distributed_env,
-    init_process_group,
-)
+from amp_tutorial.device import dtype_name, select_device
+from amp_tutorial.distributed import device_and_preset, init_process_group, script_parser
 from amp_tutorial.fsdp import full_parameter_hash, largest_unit_bytes, shard, state_bytes
 from amp_tutorial.measure import peak_memory_bytes, reset_peak_memory
 from amp_tutorial.nonfinite import check_finite_loss
-from amp_tutorial.presets import UnknownPresetError, get_preset
+from amp_tutorial.presets import get_preset
 from amp_tutorial.reversal_task import make_transformer_problem, sequence_loss
 from amp_tutorial.transformer import DecoderTransformer
 
@@ -66,14 +61,7 @@ TRAIN_STATE = "train_state.json"  # beside the shards: the step reached and the 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse and check the options before any process group exists; exit 2 with a clear error."""
-    parser = argparse.ArgumentParser(
-        prog="train_fsdp.py", description=__doc__.splitlines()[0],
-        epilog="Launch N processes with: torchrun --standalone --nproc-per-node N "
-               "scripts/train_fsdp.py [options]")
-    parser.add_argument("--preset", help="paper, cpu, small, smoke or auto (default: "
-                        "$AMP_TUTORIAL_PRESET or auto)")
-    parser.add_argument("--device", help="cuda, xpu or cpu (default: $AMP_TUTORIAL_DEVICE or the "
-                        "best available); each process uses <type>:LOCAL_RANK")
+    parser = script_parser("train_fsdp.py", __doc__.splitlines()[0])
     parser.add_argument("--param-dtype", choices=["auto", *DTYPES], default="auto",
                         help="MixedPrecisionPolicy.param_dtype, the dtype every sharded block "
                         "computes in; auto = the device's AMP dtype; fp16 adds a GradScaler")
@@ -100,12 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.resume and not (Path(args.resume) / TRAIN_STATE).is_file():
         parser.error(f"--resume {args.resume}: no {TRAIN_STATE} there; pass a directory that an "
                      "earlier run wrote with --checkpoint")
-    _, local_rank, world_size = distributed_env()
-    try:
-        args.device_obj = device_for(args.device, local_rank, world_size)
-        preset = get_preset(args.preset, args.device_obj.type)
-    except (DeviceNotAvailableError, UnknownPresetError, DistributedConfigError) as err:
-        parser.exit(2, f"{parser.prog}: error: {err}\n")
+    args.device_obj, preset, world_size = device_and_preset(parser, args)
     saved = json.loads((Path(args.resume) / TRAIN_STATE).read_text())["step"] if args.resume else 0
     if saved >= (args.steps or preset.transformer.steps):
         parser.exit(2, f"{parser.prog}: error: the checkpoint in {args.resume} is at step {saved}: "

@@ -11,6 +11,7 @@ on Intel GPUs, Gloo on CPUs.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -21,7 +22,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from amp_tutorial.device import select_device
+from amp_tutorial.device import DeviceNotAvailableError, select_device
+from amp_tutorial.presets import Preset, UnknownPresetError, get_preset
 
 BACKENDS = {"cuda": "nccl", "cpu": "gloo", "xpu": "xccl"}
 
@@ -73,6 +75,33 @@ def init_process_group(device: torch.device) -> None:
                                 device_id=device_id)
     else:  # torchrun set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
         dist.init_process_group(backend, device_id=device_id)
+
+
+def script_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The command line every course script launched by torchrun shares: ``--preset``, ``--device``.
+    """
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description,
+        epilog=f"Launch N processes with: torchrun --standalone --nproc-per-node N scripts/{prog} "
+               "[options]")
+    parser.add_argument("--preset", help="paper, cpu, small, smoke or auto (default: "
+                        "$AMP_TUTORIAL_PRESET or auto)")
+    parser.add_argument("--device", help="cuda, xpu or cpu (default: $AMP_TUTORIAL_DEVICE or the "
+                        "best available); each process uses <type>:LOCAL_RANK")
+    return parser
+
+
+def device_and_preset(parser: argparse.ArgumentParser,
+                      args: argparse.Namespace) -> tuple[torch.device, Preset, int]:
+    """This process's device, the preset and the world size, from ``script_parser``'s options and
+    torchrun's environment; a setting that cannot work exits 2 with the reason, before any
+    process group exists."""
+    _, local_rank, world_size = distributed_env()
+    try:
+        device = device_for(args.device, local_rank, world_size)
+        return device, get_preset(args.preset, device.type), world_size
+    except (DeviceNotAvailableError, UnknownPresetError, DistributedConfigError) as err:
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
 
 
 @contextmanager
