@@ -244,6 +244,9 @@ MISTAKES += [
      (save_fresh_scaler, reference["load"]), exercise.OTHER_SCALER_SAVED),
     ("load reads the optimizer under a key save did not write (blind W11)",
      (reference["save"], load_optimizer_under_another_key), exercise.NOT_LOADED),
+    # issue 61: a right checkpoint read with weights_only=False, which unpickles anything
+    ("state dicts read with weights_only=False", checkpoint_pair(weights_only=False),
+     exercise.UNSAFE_LOAD),
 ]
 WRONG = answers(MISTAKES)
 
@@ -347,7 +350,7 @@ def save_with_extra_keys(path, model, optimizer, scaler, step):
 
 
 def load_with_extra_keys(path, model, optimizer, scaler):
-    checkpoint = torch.load(str(path), weights_only=False)  # our own file: trusted
+    checkpoint = torch.load(str(path))
     assert checkpoint["format"] == 2
     for name, target in (("model", model), ("optimizer", optimizer), ("scaler", scaler)):
         target.load_state_dict(checkpoint["states"][name])
@@ -371,7 +374,7 @@ CORRECT = {
     "reference solution": (reference["save"], reference["load"]),
     "separate files, weights_only=True and map_location": (save_separate_files,
                                                            load_separate_files),
-    "extra keys, nested, weights_only=False": (save_with_extra_keys, load_with_extra_keys),
+    "extra keys, nested": (save_with_extra_keys, load_with_extra_keys),
     "the course's save_checkpoint / load_checkpoint": (
         lambda path, model, optimizer, scaler, step: save_checkpoint(path, model, optimizer,
                                                                      scaler, step=step),

@@ -33,6 +33,7 @@ import shutil
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,7 @@ NOT_LOADED = "state-not-loaded-into-object"
 WEIGHTS_DOWNCAST = "weights-in-low-precision"
 WRONG_STEP = "wrong-step"
 RESUME_DIFFERS = "resume-differs"
+UNSAFE_LOAD = "torch-load-weights-only-false"
 __all__ = ["check_save_and_load"]
 PRAISE = ("All checks passed: in every scenario (float16 with a GradScaler after skipped steps, "
           "bfloat16 with a disabled one; Adam and SGD with momentum; saved after different "
@@ -583,10 +585,20 @@ def _problems(save: Callable[..., object], load: Callable[..., object], scenario
         written = _read_written(Path(folder), set(saved["model"]))
         for item in Path(folder).iterdir():  # load gets the files in another folder
             shutil.move(item, Path(moved) / item.name)
-        with left_behind("load", models={"model": resumed.model}) as left_by_load:
+        with left_behind("load", models={"model": resumed.model}) as left_by_load, \
+                _torch_load_calls() as load_calls:
             loading = attempt(load, Path(moved) / path.name, resumed.model, resumed.optimizer,
                               resumed.scaler)
     found = left + [p for p in left_by_load if p.key not in {q.key for q in left}]
+    if not written.refused and any(call.get("weights_only") is False for call in load_calls):
+        found.append(Problem.named(
+            UNSAFE_LOAD, "load calls torch.load(..., weights_only=False) on a checkpoint that "
+            "holds only tensors, state dicts and plain values.", "weights_only=False unpickles "
+            "whatever the file holds, and unpickling can run any code a file carries: a "
+            "checkpoint downloaded or shared by someone else could run anything on your "
+            "machine. This checkpoint needs no pickle, so the safe default reads it.",
+            "torch.load(path), whose default is weights_only=True (since torch 2.6), or pass "
+            "weights_only=True yourself."))
     if not written.files:
         found.append(Problem.named(
             NOTHING_WRITTEN, f"save wrote no file at {path.name!r} nor beside it.", "A "
@@ -642,6 +654,25 @@ def _problems(save: Callable[..., object], load: Callable[..., object], scenario
     if not found and not ended.matches:
         found.append(_differs(resumed, ended))
     return found, ended.matches
+
+
+@contextmanager
+def _torch_load_calls() -> Iterator[list[dict[str, Any]]]:
+    """The keyword arguments of every ``torch.load`` call made inside the block (the call itself
+    goes through unchanged); ``torch.load`` is put back on leaving."""
+    calls: list[dict[str, Any]] = []
+    original = torch.load
+
+    @functools.wraps(original)
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        calls.append(dict(kwargs))
+        return original(*args, **kwargs)
+
+    torch.load = watched
+    try:
+        yield calls
+    finally:
+        torch.load = original
 
 
 def _without_paths(problem: Problem, *folders: str, note: bool = False) -> Problem:
