@@ -139,8 +139,9 @@ def train_with_amp(model, data, optimizer, loss_fn, epochs, device_type, amp_dty
 # before `unscale_`, who called `optimizer.step()` and how many times per iteration (one
 # `backward()` to the next), whether each iteration ran `scaler.update()`, whether one GradScaler
 # is kept for the whole run, and whether your loss history matches fp32 training of the same
-# network (same seed, same data). Each message names what your code did. It takes a few seconds
-# on a laptop CPU.
+# network (same seed, same data). Each message names what your code did. The first check after
+# the kernel starts takes longest (9 s on an idle 2-core EPYC, up to a minute on a busy machine; a
+# line says it is working), later ones about a second.
 
 # %%
 result = check_train_with_amp(train_with_amp)

@@ -97,3 +97,36 @@ def test_problems_are_merged_over_scenarios_in_the_order_found() -> None:
     assert result.problems[0].message == "[fp16; bf16] A is wrong."
     assert str(result).startswith("2 problem(s) found:")
     assert str(collect([("fp16", [])], praise="fine")) == "fine"
+
+
+class _Handle:
+    def __init__(self, shown: list[str]) -> None:
+        self.shown = shown
+
+    def update(self, data: dict, raw: bool = False) -> None:
+        self.shown.append(data["text/plain"])
+
+
+def test_a_check_in_a_notebook_says_it_is_working_and_then_takes_the_line_away(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 58: the first check after a kernel starts took 38-49 s on a busy machine with
+    nothing on screen. In a notebook a line says it is working; when the check ends, also by an
+    error, the line is emptied, so only the answer stays."""
+    import IPython
+    import IPython.display  # noqa: F401 (working_line reaches it as IPython.display)
+
+    shown: list[str] = []
+    monkeypatch.setattr(IPython, "get_ipython", lambda: object())  # as in a kernel
+    monkeypatch.setattr(IPython.display, "display",
+                        lambda data, raw, display_id: shown.append(data["text/plain"])
+                        or _Handle(shown))
+    with checking.working_line("Checking x..."):
+        assert shown == ["Checking x..."]
+    assert shown == ["Checking x...", ""]
+    with pytest.raises(ValueError), checking.working_line("Checking y..."):
+        raise ValueError
+    assert shown[-1] == ""
+    monkeypatch.setattr(IPython, "get_ipython", lambda: None)  # a script or a test: nothing shown
+    with checking.working_line("Checking z..."):
+        pass
+    assert "Checking z..." not in shown

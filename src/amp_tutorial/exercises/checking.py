@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -583,6 +584,22 @@ def collect(found: Iterable[tuple[str, Iterable[Problem]]], praise: str) -> Chec
     return result
 
 
+@contextlib.contextmanager
+def working_line(text: str) -> Iterator[None]:
+    """In a notebook, show ``text`` while the block runs and take it away when it ends, so a
+    check that takes a while says it is working and leaves only its answer; elsewhere (a test, a
+    script) nothing is shown."""
+    ipython = sys.modules.get("IPython")  # a kernel has imported it; nothing else need pay that
+    if ipython is None or ipython.get_ipython() is None:
+        yield
+        return
+    handle = ipython.display.display({"text/plain": text}, raw=True, display_id=True)
+    try:
+        yield
+    finally:
+        handle.update({"text/plain": ""}, raw=True)
+
+
 @dataclass(frozen=True)
 class Exercise:
     """One graded exercise: where it is (lesson, name: what the progress record says) and what
@@ -601,7 +618,10 @@ class Exercise:
         def within_budget(*args: Any, **kwargs: Any) -> CheckResult:
             token = _BUDGET.set(_Budget(CHECK_BUDGET_S))
             try:
-                return check(*args, **kwargs)
+                with working_line(f"Checking {self.name}: running it beside the reference "
+                                  "answer in each scenario (the first check after the kernel "
+                                  "starts takes longest)..."):
+                    return check(*args, **kwargs)
             finally:
                 _BUDGET.reset(token)
         return within_budget
