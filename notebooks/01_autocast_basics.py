@@ -290,8 +290,7 @@ fig = plot_autocast_rules(rules[dtype_name(amp_dtype)], amp_dtype)
 # - fp16 and bf16 get the same rules on every device; only the dtype autocast lowers to differs.
 # - Each column is what PyTorch's source registers for that device: XPU registers CUDA's lists
 #   (`AT_FORALL_*` in `autocast_mode.h`), MPS its own list in `autocast_mode.cpp`. The lists can
-#   change between releases; 2.9, 2.11 and 2.14 register the same lists for these ops, in their
-#   source, their dispatcher's registry and their installed header alike.
+#   change between releases: check yours when you upgrade.
 # - The ops CUDA keeps in float32 (exp, log, pow, sums, softmax, layer_norm, group_norm) are on
 #   **no CPU list**: CPU autocast runs them in whatever dtype they are given, bf16 included.
 # - The promote lists do not overlap: `cat`, `stack` and `index_copy` on CPU; `addcmul`, `dot`,

@@ -83,9 +83,9 @@ model = model.to(info.device, memory_format=MEMORY_FORMAT)
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 train_step = make_train_step(model, optimizer, inputs, targets)
 losses = [train_step(i) for i in tqdm(range(preset.steps), desc="training (fp32)")]
-print(f"trained {preset.steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 del optimizer, train_step
 model.eval()
+print(f"trained {preset.steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 
 # %% [markdown]
 # ## fp32 vs autocast inference
