@@ -177,7 +177,7 @@ CORE_QUESTIONS: dict[int, Question] = {
         "model's and the optimizer's (and your data order), and load all of them."),
 }
 
-# Lessons 07-17, asked at the end of lesson 17 (the last lesson of the advanced track).
+# Lessons 07-17, asked at the end of lesson 17 (lesson 19, FSDP2, came later and has none yet).
 ADVANCED_QUESTIONS: dict[int, Question] = {
     1: Question(
         "07",
