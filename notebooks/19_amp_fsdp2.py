@@ -71,8 +71,8 @@ assert SCRIPT.is_file(), f"{SCRIPT} not found: open this lesson from the course'
 # %% [markdown]
 # ## 1. The policy casts parameters, autocast casts per op
 #
-# `MixedPrecisionPolicy(param_dtype=...)` acts on **parameters**: the gathered weights of a
-# sharded block are cast to `param_dtype`, and everything the block computes with them follows
+# `MixedPrecisionPolicy(param_dtype=...)` acts on **parameters**: each process casts its shards
+# of a block's weights to `param_dtype` before the all-gather, and what the block computes follows
 # (with `cast_forward_inputs=True`, the default, every floating-point tensor passed to a sharded
 # module's forward is cast too; integer token ids are left alone). Autocast acts
 # on **ops**: it looks each one up in its lists (lesson 01) and casts that op's inputs. To see the
@@ -109,7 +109,7 @@ display(table)
 # residual stream and the LayerNorms too, as in pure bf16 (lesson 15). What stays fp32 is what the
 # optimizer updates: the shards (`DTensor`s) and their gradients. With both, autocast still
 # applies its per-op rules on top: an op on this device's fp32 list (on CUDA `layer_norm`,
-# `softmax`, `pow`; the CPU's list has fewer, lesson 18) runs in fp32 again.
+# `softmax`, `pow`; on the CPU none of these, lesson 01) runs in fp32 again.
 
 # %%
 low_name = dtype_name(low)
@@ -290,10 +290,10 @@ print(f"resumed at step 12: the same 12 losses, the same weights ({first['param_
 # %% [markdown]
 # ## What to remember
 #
-# - FSDP2's `MixedPrecisionPolicy(param_dtype)` casts the gathered **parameters**, so a whole
-#   block computes in 16 bits; autocast casts **per op**. Together, autocast's fp32 list still
-#   applies.
-# - The shards the optimizer updates stay fp32; `reduce_dtype=torch.float32` keeps the gradient
-#   sum exact to fp32, bf16 rounds it.
+# - FSDP2's `MixedPrecisionPolicy(param_dtype)` casts the **parameters** (each shard, before the
+#   all-gather), so a whole block computes in 16 bits; autocast casts **per op**. Together,
+#   autocast's fp32 list still applies.
+# - The shards the optimizer updates stay fp32; `reduce_dtype=torch.float32` rounds the gradient
+#   sum only to fp32, bf16 to 8 significant bits.
 # - fp16 works with a plain `torch.amp.GradScaler`: DTensor makes every process see the same
 #   `found_inf`. Checkpoints: `torch.distributed.checkpoint`, with the scaler's state beside.

@@ -89,6 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--resume {args.resume}: no {TRAIN_STATE} there; pass a directory that an "
                      "earlier run wrote with --checkpoint")
     args.device_obj, preset, world_size = device_and_preset(parser, args)
+    if args.inf_at and param_dtype_for(args.param_dtype, args.device_obj) != torch.float16:
+        parser.exit(2, f"{parser.prog}: error: --inf-at needs --param-dtype fp16: only a "
+                    "GradScaler skips the step, and without one the inf reaches the weights\n")
     saved = json.loads((Path(args.resume) / TRAIN_STATE).read_text())["step"] if args.resume else 0
     if saved >= (args.steps or preset.transformer.steps):
         parser.exit(2, f"{parser.prog}: error: the checkpoint in {args.resume} is at step {saved}: "

@@ -30,8 +30,10 @@ warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a vi
 # FSDP2's own work in a dtype trace (all-gather buffers, casts of the gathered parameters), and
 # view-like ops: what is left is the model's compute.
 PLUMBING = frozenset({"_to_copy", "empty", "copy_", "as_strided", "split_with_sizes_copy",
-                      "all_gather_into_tensor", "wait_tensor", "chunk_cat", "new_empty",
-                      "zeros", "arange", "view", "slice", "_unsafe_view", "lift_fresh"})
+                      "all_gather_into_tensor", "all_gather_into_tensor_", "_allgather_base_",
+                      "allgather_", "reduce_scatter_tensor", "_reduce_scatter_base_",
+                      "wait_tensor", "chunk_cat", "new_empty", "zeros", "arange", "view",
+                      "slice", "_unsafe_view", "lift_fresh"})
 
 
 def shard(model: DecoderTransformer, policy: MixedPrecisionPolicy,

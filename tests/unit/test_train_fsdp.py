@@ -77,6 +77,8 @@ def test_resuming_at_or_past_the_last_step_is_a_clear_error(
     (["--preset", "smoke", "--reduce-dtype", "int8"], {}, "invalid choice"),
     (["--preset", "smoke", "--resume", "/nonexistent"], {}, "no train_state.json there"),
     (["--preset", "smoke", "--steps", "4", "--save-at", "5"], {}, "the checkpoint would never"),
+    (["--preset", "smoke", "--device", "cpu", "--param-dtype", "bf16", "--inf-at", "2"], {},
+     "--inf-at needs --param-dtype fp16"),
     (["--preset", "smoke", "--device", "cpu"],
      {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "3"}, "does not split over 3 processes"),
 ])
