@@ -62,7 +62,7 @@ from amp_tutorial.measure import (
 from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_bars, plot_image, plot_losses, plot_outputs
 from amp_tutorial.presets import get_preset
-from amp_tutorial.recorded import recorded_answers
+from amp_tutorial.recorded import with_recorded
 
 # %%
 info = select_device()
@@ -297,10 +297,8 @@ for name, r in shown.items():
         assert r["losses"][-1] < 2 * base["losses"][-1] + 0.01, f"{name} trained much worse"
 print(f"On {info.name} ({info.backend}), preset {preset.name}:")
 for c in comparisons.values():
-    print(f"  {c}; it kept {results.loc[c.name, 'activations vs fp32']:.0%} of fp32's "
-          "activation bytes")
-    for answer in ([] if c.stated else recorded_answers(f"03 train {c.name.split()[-1]}", info)):
-        print(f"    recorded: {answer}")
+    print(f"  {with_recorded(c, f'03 train {c.name.split()[-1]}', info)}\n    it kept "
+          f"{results.loc[c.name, 'activations vs fp32']:.0%} of fp32's activation bytes")
 
 # %% [markdown]
 # ### When AMP adds memory

@@ -59,7 +59,7 @@ from amp_tutorial.measure import (
 from amp_tutorial.models import ConvModel
 from amp_tutorial.plots import plot_bars, plot_outputs
 from amp_tutorial.presets import get_preset
-from amp_tutorial.recorded import recorded_answers
+from amp_tutorial.recorded import with_recorded
 from amp_tutorial.steps import make_train_step
 
 info = select_device()
@@ -205,10 +205,9 @@ fig = plot_outputs(images, "Predictions served in fp32 and under autocast")
 for c in comparisons.values():
     emulated = info.type == "cpu" and info.native_bf16 is False and "bf16" in c.name
     cause = " (this CPU has no native bf16, see the device line)" if emulated else ""
-    print(f"inference on {info.name}, preset {preset.name}: {c}"
+    print(f"inference on {info.name}, preset {preset.name}: "
+          f"{with_recorded(c, f'04 infer {c.name.split()[-1]}', info)}"
           f"{cause if c.stated and c.ratio < 1 else ''}")
-    for answer in ([] if c.stated else recorded_answers(f"04 infer {c.name.split()[-1]}", info)):
-        print(f"  recorded: {answer}")
 
 # %% [markdown]
 # ## Try it

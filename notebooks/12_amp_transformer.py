@@ -59,6 +59,7 @@ from amp_tutorial.measure import (
 )
 from amp_tutorial.plots import plot_bars, plot_block_dtypes, plot_losses
 from amp_tutorial.presets import get_preset
+from amp_tutorial.recorded import with_recorded
 from amp_tutorial.reversal_task import IGNORE_INDEX, make_transformer_problem, sequence_loss
 from amp_tutorial.steps import make_sequence_train_step, sequence_accuracy
 from amp_tutorial.transformer import DecoderTransformer
@@ -232,7 +233,8 @@ for name, r in runs.items():
 if info.type == "cpu":
     print(f"native bf16 on this CPU: {info.native_bf16}", *info.notes, sep="\n  ")
 for c in comparisons.values():
-    print(f"On {info.name}, preset {preset.name}: {c}; it saved "
+    print(f"On {info.name}, preset {preset.name}: "
+          f"{with_recorded(c, f'12 train {c.name.split()[-1]}', info)}\n  it kept "
           f"{results.loc[c.name, 'activations vs fp32']:.2f} of fp32's activation bytes.")
 
 # %%

@@ -52,6 +52,7 @@ from amp_tutorial.exercises.masked_attention import check_masked_attention
 from amp_tutorial.interleave import MIN_BLOCKS, interleave
 from amp_tutorial.measure import saved_bytes, step_peak
 from amp_tutorial.presets import get_preset
+from amp_tutorial.recorded import with_recorded
 
 info = select_device()
 preset = get_preset(device_type=info.type)
@@ -287,7 +288,8 @@ for dt in dtypes:
     default, math = cost.loc[f"{d} default"], cost.loc[f"{d} math"]
     saved_x = math["saved for backward (MB)"] / default["saved for backward (MB)"]
     c = timed[d].comparison(f"{d} math")
-    print(f"{d}: math keeps {saved_x:.2f}x the bytes of the default kernel; {c}")
+    print(f"{d}: math keeps {saved_x:.2f}x the bytes of the default kernel; "
+          f"{with_recorded(c, f'13 {d} math', info)}")
     element = torch.finfo(dt).bits // 8
     assert math["saved for backward (MB)"] * 2**20 >= score_elements * element  # the matrix
     default_fused = fused_for_training(qkv_shape, dt, info.device)  # False: the default is math

@@ -49,6 +49,7 @@ from amp_tutorial.measure import Comparison, StepTimer, fresh_compile_cache
 from amp_tutorial.models import course_models
 from amp_tutorial.plots import plot_bars
 from amp_tutorial.presets import get_preset
+from amp_tutorial.recorded import with_recorded
 
 info = select_device()
 preset = get_preset(device_type=info.type)
@@ -258,8 +259,10 @@ for r in compile_runs:
             assert r["compile_s"] > r["timing"].median, "the first call should include compiling"
 for r in compile_runs:
     if r["run"].startswith("compiled"):
-        print(f"{r['model']}: {against(r, r['run'].replace('compiled', 'eager'))}; compile "
-              f"took {r['compile_s']:.1f} s")
+        c = against(r, r["run"].replace("compiled", "eager"))
+        question = f"14 {r['model']} {r['run']}"  # e.g. "14 ConvModel compiled bf16"
+        print(f"{r['model']}: {with_recorded(c, question, info)}\n  compile took "
+              f"{r['compile_s']:.1f} s")
 
 # %%
 # per panel, by the one timing rule: why its bars give no ratio, or None

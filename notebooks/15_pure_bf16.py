@@ -47,6 +47,7 @@ from amp_tutorial.interleave import interleave
 from amp_tutorial.models import course_models
 from amp_tutorial.plots import plot_losses
 from amp_tutorial.presets import get_preset
+from amp_tutorial.recorded import with_recorded
 from amp_tutorial.stochastic_rounding import StochasticRoundingAdam, stochastic_round_bf16
 
 info = select_device()
@@ -295,7 +296,7 @@ inference = pd.DataFrame({
     "weights (KB)": {"fp32": fp32_bytes / 1024, "autocast bf16": fp32_bytes / 1024,
                      "cast once to bf16": weight_bytes(cast_once) / 1024}})
 print(f"largest difference from the fp32 prediction: {max_diff:.4f} (targets lie in [0, 1])")
-print(timed.comparison("cast once to bf16"))
+print(with_recorded(timed.comparison("cast once to bf16"), "15 cast once bf16", info))
 assert weight_bytes(cast_once) * 2 == fp32_bytes
 assert max_diff < 0.1
 inference.round(3)

@@ -54,6 +54,7 @@ from amp_tutorial.op_profile import (
 )
 from amp_tutorial.plots import plot_dtype_ranges
 from amp_tutorial.presets import get_preset
+from amp_tutorial.recorded import with_recorded
 from amp_tutorial.reversal_task import sequence_loss
 from amp_tutorial.versions import import_torchao, torchao_for
 
@@ -316,7 +317,7 @@ if ready:
         r.update({"first loss": losses[0], "final loss": losses[steps - 1]})
         print(f"{name}: {timed.timings[name]}")
     print(f"{device.type}, {sizes.name!r} transformer sizes, {steps} steps: "
-          f"{timed.comparison('FP8 + bf16 AMP')}")
+          f"{with_recorded(timed.comparison('FP8 + bf16 AMP'), '16 fp8', info)}")
 pd.DataFrame(fp8_runs).T.drop(columns="step", errors="ignore").round(3)
 
 # %% [markdown]

@@ -325,8 +325,9 @@ assert flops_per_step(4 * batch) == 4 * flops  # four times the tokens, four tim
 # 3 steps. The compiled rungs are left out here (compiling takes minutes; `pdm run ladder` runs
 # them all); the larger batch, the other dtype and pure bf16 run eager instead. The rungs run one
 # after another, so a load that comes or goes meanwhile (a class shares the machine) moves some
-# and not others, each still quiet: fp32 is timed again after the last rung, and no ratio is
-# stated where its two timings differ by over 25% (or a rung's threads waited that long for a CPU).
+# and not others: their ms/step and MFU are each rung's own. The ratios against fp32 come from
+# a second pass, as lesson 03 times: the eager rungs at fp32's tokens per step, built again,
+# take turns step by step with fp32 and a second fp32 model (the control; `compare_rungs`).
 
 # %%
 from amp_tutorial.ceiling import SIZES, matmul_ceiling
@@ -337,12 +338,13 @@ RUN_S, RUN_STEPS = {"smoke": (0.5, 5), "small": (1.0, 10)}.get(preset.name, (3.0
 ceiling = matmul_ceiling(info, SIZES[preset.name], "matmuls", budget_s=RUN_S)
 print(f"peak: {peak.name} {peak.tflops} TFLOP/s" if peak else "no datasheet peak: MFU is n/a")
 print("\n".join(ceiling.lines()))
-rows = run_ladder(info, sizes, ceiling, compiled=False, budget_s=RUN_S, max_steps=RUN_STEPS)
+rows = run_ladder(info, sizes, ceiling, compiled=False, budget_s=RUN_S, max_steps=RUN_STEPS,
+                  preset=preset.name)
 ran = [r for r in rows if r.timing is not None]
 pd.DataFrame([r.table_row() for r in rows]).fillna("").style.hide(axis="index")
 
 # %%
-from amp_tutorial.measure import Comparison
+from amp_tutorial.recorded import with_recorded
 
 fp32 = rows[0]
 for r in ran:
@@ -353,8 +355,7 @@ for r in ran:
     assert (u.mfu is None) == (peak is None) and (info.type != "cpu" or u.mfu is None)
     assert r.rung.compute not in ceiling.emulated or u.of_matmul is None
     if r is not fp32 and r.tokens == fp32.tokens:  # a step of 4x the tokens: compare TFLOP/s
-        print(Comparison(r.rung.name, "fp32", r.timing, fp32.timing, preset.name,
-                         baseline_again=fp32.timing_again))  # fp32 timed again, last
+        print(with_recorded(r.comparison, f"17 {r.rung.name.removeprefix('AMP ')}", info))
 for dtype in ceiling.emulated:
     print(f"{dtype} is emulated on this CPU: no {dtype} matmul rate to compare against")
 beyond = [r.rung.name for r in ran if (r.utilization.of_matmul or 0) > 1]

@@ -39,7 +39,6 @@ from amp_tutorial.ladder import (
     sweep_widths,
     with_width,
 )
-from amp_tutorial.measure import NOISY_SPREAD
 from amp_tutorial.mfu import peak_for, percent
 from amp_tutorial.presets import UnknownPresetError, get_preset
 
@@ -164,16 +163,14 @@ def main(argv: list[str] | None = None) -> int:
         print("\nThe ladder (MFU: achieved / datasheet peak of the dtype it computes in, so an "
               "fp32 rung's is against fp32's or TF32's lower peak: compare rungs by time or "
               "TFLOP/s; of matmul: achieved / the measured matmul rate of that dtype)", flush=True)
-        ladder_rows = run_ladder(info, sizes, ceiling, deadline, on_row=lambda r: print(
+        ladder_rows = run_ladder(info, sizes, ceiling, deadline, preset=preset.name,
+                                 on_row=lambda r: print(
             "  " + " | ".join(v for v in rung_line(r) if v), flush=True), **options)
         print(table(LADDER_COLUMNS, [rung_line(r) for r in ladder_rows]))
-        first = ladder_rows[0] if ladder_rows else None
-        if first is not None and first.timing_again is not None:  # a load that came or went
-            moved = first.timing_again.median / first.timing.median - 1
-            print(f"{first.rung.name} timed again after the last rung: "
-                  f"{first.timing_again.median * 1e3:.2f} ms/step ({moved:+.0%})"
-                  + (": the machine's load changed during the ladder, so compare the rungs "
-                     "on an idle machine" if abs(moved) > NOISY_SPREAD else ""))
+        compared = [r.comparison for r in ladder_rows if r.comparison is not None]
+        if compared:  # the eager rungs again, taking turns with fp32: a load meets them alike
+            print("\nThe eager rungs against fp32, from steps that took turns:")
+            print("\n".join(f"  {c}" for c in compared))
         print("\nWhere the time goes (share of each step)")
         print(shares_table(ladder_rows))
         if peak is not None:

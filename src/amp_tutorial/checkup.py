@@ -60,6 +60,7 @@ from amp_tutorial.device import (
     select_device,
     tf32_state,
 )
+from amp_tutorial.interleave import MIN_BLOCKS, Interleaved, PairedComparison, interleave
 from amp_tutorial.measure import (
     SavedBytes,
     StepTimer,
@@ -90,6 +91,9 @@ NUDGES = 2
 LOSS_FLOOR = 0.01
 SPREAD_FACTOR = 2
 INIT_SCALE = 2.0**16  # GradScaler's default init_scale
+# interleaved blocks timed for the payoff (6 steps each: fp32, its twin, AMP, twice): with
+# MIN_BLOCKS (5) lesson 18's ConvModel on an idle 2-core Zen 3 gave intervals 88% of the median
+BLOCKS = 8
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 # The ops cuBLAS computes as GEMMs, whose fp32 ``torch.backends.cuda.matmul``'s TF32 setting
 # governs; under CUDA autocast a Linear shows up as addmm/mm (``linear`` is a composite there:
@@ -403,6 +407,9 @@ class Checkup:
     # where every low dtype is only emulated (a CPU without avx512_bf16 or AMX): why fp32 is
     # the fast choice there, and AMP a check for the device it will run on; else None
     fp32_faster: str | None = None
+    # fp32 against AMP from steps that took turns, fp32 run twice as the A/A control
+    # (``interleave``); None in a report built without it (the medians' rule then judges)
+    speed: PairedComparison | None = None
 
     @property
     def loss_tolerance(self) -> float:
@@ -497,14 +504,20 @@ class Checkup:
 
     @property
     def speedup(self) -> float:
-        """t_fp32 / t_amp, medians of the timed steps."""
+        """t_fp32 / t_amp: the median of the interleaved blocks' ratios (``speed``), else the
+        ratio of the timed steps' medians."""
+        if self.speed is not None:
+            return self.speed.ratio
         return self.timing_ms["fp32"] / self.timing_ms["amp"]
 
     @property
     def speed_noise(self) -> str | None:
-        """Why the speedup is no result here (the course's timing rule, ``measure.Comparison``:
-        a spread over ``NOISY_SPREAD`` of the median, or threads that waited for a CPU over
-        ``CROWDED_SHARE`` of the time), or None."""
+        """Why the speedup is no result here, or None: the interleaved comparison's rule (its
+        A/A control off 1, or an interval too wide; ``interleave.PairedComparison``), else the
+        medians' (a spread over ``NOISY_SPREAD`` of the median, or threads that waited for a CPU
+        over ``CROWDED_SHARE`` of the time)."""
+        if self.speed is not None:
+            return self.speed.noise
         noisy = {mode: why for mode in ("fp32", "amp")
                  if (why := why_noisy(self.timing_iqr_ms[mode] / self.timing_ms[mode],
                                       self.timing_wait_share.get(mode)))}
@@ -588,8 +601,8 @@ class Checkup:
                          "time/step IQR (ms)": round(self.timing_iqr_ms[mode], 3),
                          "speedup (t_fp32 / t)": (1.0 if mode == "fp32" else "none: noisy"
                                                   if self.speed_noise else
-                                                  round(self.timing_ms["fp32"]
-                                                        / self.timing_ms[mode], 2)),
+                                                  round(self.speedup, 2)),
+                         "90% interval": ("baseline" if mode == "fp32" else self._interval()),
                          "peak memory (MB)": round(peak / 2**20, 2) if peak is not None
                          else "n/a: no allocator",
                          "saved activations (MB)": round(self.saved[mode].activations
@@ -597,6 +610,14 @@ class Checkup:
                          "cast weights (MB)": round(self.saved[mode].cast_weights / 2**20, 3),
                          "matmul ceiling (t_fp32 / t)": ceiling})
         return rows
+
+    def _interval(self) -> str:
+        """The payoff's speed-up interval and how it was timed, or why there is none."""
+        if self.speed is None:
+            return "none: not interleaved"
+        basis = "per core" if self.speed.basis.startswith("CPU") else "wall time"
+        return (f"{self.speed.estimate.low:.2f}-{self.speed.estimate.high:.2f}, {basis}; "
+                f"fp32 against itself {self.speed.control.median:.2f}")
 
     def tf32_label(self, mode: str) -> str:
         return self.amp_dtype + " autocast" if mode == "amp" else "fp32"
@@ -1037,6 +1058,31 @@ def _train(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None
             scale if scaler is not None else None)
 
 
+def _time_interleaved(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
+                      user_step: StepFn | None, dtype: torch.dtype, make_optimizer: Callable,
+                      blocks: int, warmup: int, device: torch.device, init_scale: float
+                      ) -> Interleaved:
+    """fp32 and AMP training steps of the one model taking turns (``interleave``: palindromic
+    blocks, fp32 run twice as the A/A control), so a load that comes or goes meets both alike;
+    no copy of the model is made. The weights drift from step to step; the work of a step, which
+    is what is timed, does not. fp16 starts at ``init_scale`` (the scale the loss curves ended
+    at), so the scaler skips no step here that it did not skip there."""
+    model.load_state_dict(initial)
+    optimizer = make_optimizer(model.parameters())
+    scaler = (torch.amp.GradScaler(device.type, init_scale=init_scale)
+              if dtype == torch.float16 else None)
+
+    def train_step(amp_dtype: torch.dtype | None) -> Callable[[], float]:
+        step = _amp_train_step(lambda _: batch_loss(model, batch, loss_fn, step=user_step),
+                               optimizer, lambda _: (None, None), lambda loss, _: loss,
+                               device.type, amp_dtype, scaler if amp_dtype else None)
+        return lambda: step(0)
+
+    runs = {"fp32": train_step(None), "fp32 again": train_step(None),
+            f"AMP {dtype_name(dtype)}": train_step(dtype)}
+    return interleave(runs, "fp32", "fp32 again", device, blocks, warmup=warmup, progress=False)
+
+
 def _fp32_spread(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
                  step: StepFn | None, make_optimizer: Callable, steps: int,
                  device: torch.device, dtype: torch.dtype, losses32: list[float]) -> float:
@@ -1189,7 +1235,8 @@ def amp_checkup(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *
                 warmup: int = 1, make_optimizer: Callable | None = None,
                 init_scale: float = INIT_SCALE,
                 ceiling: Ceiling | None = None, ceiling_sizes: Sequence[int] = (512,),
-                free_bytes: int | None = None, info: DeviceInfo | None = None) -> Checkup:
+                free_bytes: int | None = None, info: DeviceInfo | None = None,
+                blocks: int = BLOCKS) -> Checkup:
     """Check ``model`` for AMP on one ``batch``, its loss by ``batch_loss``'s rule: a
     ``loss_fn(output, targets)`` on ``(inputs, targets)``, the loss the model's output carries
     (a Hugging Face model given a dict with its labels), or your ``step(model, batch)``.
@@ -1197,7 +1244,9 @@ def amp_checkup(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *
     Runs ``steps`` training steps in fp32 and under autocast in ``dtype`` (default:
     ``recommended_dtype``, bf16 where the device computes it natively; fp16 with a GradScaler
     starting at ``init_scale``), from the same weights, with ``make_optimizer(params)``
-    (default AdamW, lr 1e-3); the first ``warmup`` are not timed. The
+    (default AdamW, lr 1e-3): the loss curves. The time per step comes from ``blocks`` more
+    blocks in which fp32 and AMP steps take turns, after ``warmup`` untimed ones
+    (``interleave``; fp32 twice, its A/A control). The
     model's weights, buffers and train/eval mode are restored afterwards. ``ceiling`` reuses a
     measured matmul ceiling (else one is measured at ``ceiling_sizes``); ``free_bytes``
     overrides the device's free memory. Raises CheckupError with one plain line where the
@@ -1213,6 +1262,9 @@ def amp_checkup(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *
                            "first (model.float())")
     if steps <= warmup:
         raise CheckupError(f"steps ({steps}) must be more than warmup ({warmup})")
+    if blocks < MIN_BLOCKS:
+        raise CheckupError(f"blocks ({blocks}) must be at least {MIN_BLOCKS}: fewer give no "
+                           "interval worth the name")
     info = info or select_device(str(device))
     dtype = dtype or recommended_dtype(info)
     if dtype not in MANTISSA_BITS:
@@ -1224,7 +1276,7 @@ def amp_checkup(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *
         _first_forward(model, batch, loss_fn, step, device)
         _first_amp_forward(model, batch, loss_fn, step, info, dtype)
         return _run(model, initial, batch, loss_fn, step, dtype, info, steps, warmup,
-                    make_optimizer, ceiling, ceiling_sizes, init_scale)
+                    make_optimizer, ceiling, ceiling_sizes, init_scale, blocks)
     except CheckupError:
         raise
     except Exception as err:  # noqa: BLE001 - one plain line, the cause chained for a developer
@@ -1241,7 +1293,8 @@ def amp_checkup(model: nn.Module, batch: Batch, loss_fn: LossFn | None = None, *
 def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
          step: StepFn | None, dtype: torch.dtype, info: DeviceInfo, steps: int, warmup: int,
          make_optimizer: Callable, ceiling: Ceiling | None,
-         ceiling_sizes: Sequence[int], init_scale: float = INIT_SCALE) -> Checkup:
+         ceiling_sizes: Sequence[int], init_scale: float = INIT_SCALE,
+         blocks: int = BLOCKS) -> Checkup:
     device, kind = info.device, info.type
     model.train()  # the check-up trains; the caller's mode comes back in amp_checkup
 
@@ -1311,10 +1364,10 @@ def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
     # same random numbers (dropout), the caller's random state kept
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(0)
-        losses32, timer32, peak32, _, _ = _train(model, initial, batch, loss_fn, step, None,
+        losses32, _, peak32, _, _ = _train(model, initial, batch, loss_fn, step, None,
                                                  make_optimizer, steps, warmup, device)
         torch.manual_seed(0)
-        losses_amp, timer_amp, peak_amp, skipped, final_scale = _train(
+        losses_amp, _, peak_amp, skipped, final_scale = _train(
             model, initial, batch, loss_fn, step, dtype, make_optimizer, steps, warmup, device,
             init_scale)
     # a skipped step leaves the weights as they were: AMP's loss after k applied updates is
@@ -1324,6 +1377,13 @@ def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
     gap = max(gaps) if all(math.isfinite(x) for x in losses_amp) else math.inf
     spread = _fp32_spread(model, initial, batch, loss_fn, step, make_optimizer, steps, device,
                           dtype, losses32)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(0)
+        timed = _time_interleaved(model, initial, batch, loss_fn, step, dtype, make_optimizer,
+                                  blocks, warmup, device, final_scale or init_scale)
+    amp_run = f"AMP {dtype_name(dtype)}"
+    runs = {"fp32": "fp32", "amp": amp_run}
+    per_step = {mode: timed.step_times(run) for mode, run in runs.items()}
     ceiling = ceiling or matmul_ceiling(info, tuple(ceiling_sizes), steps=10, budget_s=0.5)
     name = dtype_name(dtype)
     tf32 = fp32_baseline(info) if kind == "cuda" else "not on this device (NVIDIA CUDA only)"
@@ -1338,10 +1398,10 @@ def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
         output_rel_diff=rel, loss_rel_gap=gap,
         agrees=False,  # judged below, once the applied updates are counted
         first_nonfinite=str(bad) if bad is not None else None,
-        timing_ms={"fp32": timer32.timing.median * 1e3, "amp": timer_amp.timing.median * 1e3},
-        timing_iqr_ms={"fp32": timer32.timing.iqr * 1e3, "amp": timer_amp.timing.iqr * 1e3},
-        timing_wait_share={"fp32": timer32.timing.wait_share,
-                           "amp": timer_amp.timing.wait_share},
+        timing_ms={m: t.median * 1e3 for m, t in per_step.items()},
+        timing_iqr_ms={m: t.iqr * 1e3 for m, t in per_step.items()},
+        timing_wait_share={m: timed.timings[run].wait_share for m, run in runs.items()},
+        speed=timed.comparison(amp_run),
         peak_bytes={"fp32": peak32, "amp": peak_amp}, saved=saved,
         ceiling=ceiling.as_dict(),
         # the bench's rule: no ceiling where the dtype is emulated or the timings were noise

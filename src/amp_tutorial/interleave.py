@@ -158,9 +158,14 @@ class Interleaved:
     def basis(self) -> str:
         return "CPU time, one thread per run" if self.one_thread else "wall time"
 
-    def _block_sums(self, name: str) -> list[float]:
+    def step_times(self, name: str) -> Timing:
+        """``name``'s per-step times as the comparison read them: process CPU time where each
+        run got one thread, else the wall times (with their waits)."""
         timing = self.timings[name]
-        times = timing.cpu if self.one_thread and timing.cpu else timing.samples
+        return Timing(timing.cpu) if self.one_thread and timing.cpu else timing
+
+    def _block_sums(self, name: str) -> list[float]:
+        times = self.step_times(name).samples
         return [times[i] + times[i + 1] for i in range(0, len(times) - 1, 2)]
 
     def ratio(self, name: str, against: str | None = None) -> Ratio:

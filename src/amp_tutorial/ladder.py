@@ -32,6 +32,7 @@ import torch
 
 from amp_tutorial.ceiling import Ceiling
 from amp_tutorial.device import DeviceInfo, dtype_name, tf32_in_use
+from amp_tutorial.interleave import MIN_BLOCKS, PairedComparison, interleave
 from amp_tutorial.measure import (
     Timing,
     free_memory,
@@ -58,6 +59,7 @@ SEED = 0
 WARMUP = 3  # compiles (first call) and records CUDA graphs (second and third) before timing
 MFU_GOAL = 0.40  # issue 45: the course's transformer under AMP on an H100
 BATCH_SCALE = 4
+CONTROL = "fp32 again"  # the first rung built twice: compare_rungs' A/A control
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,9 @@ class RungResult:
     shares: TimeShares | None = None
     final_loss: float | None = None
     skipped: str | None = None
-    timing_again: Timing | None = None  # the first rung only: timed again after the others
+    # against the first rung (fp32), from steps that took turns (``compare_rungs``); None where
+    # the rung was not compared that way (the first, a compiled rung, a larger batch)
+    comparison: PairedComparison | None = None
     matmul_flops: int | None = None  # the weights' matmuls' share of the model FLOPs
 
     @property
@@ -169,8 +173,12 @@ class RungResult:
             out |= {"median_s": self.timing.median, "iqr_s": self.timing.iqr,
                     "steps": len(self.timing.samples), "noisy": self.timing.noisy,
                     "wait_share": self.timing.wait_share}
-        if self.timing_again is not None:
-            out |= {"median_again_s": self.timing_again.median}
+        if self.comparison is not None:
+            c = self.comparison
+            out |= {"vs_first": {"speedup": c.ratio, "low": c.estimate.low,
+                                 "high": c.estimate.high, "blocks": c.estimate.blocks,
+                                 "control": c.control.median, "basis": c.basis,
+                                 "stated": c.stated, "why_not_stated": c.noise}}
         if self.utilization is not None:
             out |= self.utilization.as_dict()
         if self.shares is not None:
@@ -215,18 +223,14 @@ def matmul_rate_tflops(ceiling: Ceiling | None, compute: str) -> float | None:
     return ceiling.best_gflops("fp32" if compute == "tf32" else compute) / 1e3
 
 
-def run_step(info: DeviceInfo, sizes: TransformerSizes, rung: Rung, ceiling: Ceiling | None,
-             max_steps: int = 30, budget_s: float = 3.0, profile: bool = True,
-             d_model: int | None = None, progress: bool = False) -> RungResult:
-    """Train a fresh, identically seeded transformer in ``rung``'s configuration: ``WARMUP``
-    untimed steps, then up to ``max_steps`` timed ones (at least 3, stopping once ``budget_s``
-    seconds are spent), then 3 profiled steps."""
+def build_step(info: DeviceInfo, sizes: TransformerSizes, rung: Rung, d_model: int | None = None
+               ) -> tuple[Callable[[int], float], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A fresh transformer seeded ``SEED``, in ``rung``'s configuration, and its training step
+    (``step(i)`` trains on batch ``i`` of 8, cycled), with the batches."""
     config = _config(sizes, d_model)
-    batch = sizes.batch * rung.batch_scale
-    tokens = batch * sizes.seq_len
-    result = RungResult(rung, tokens)
     torch.manual_seed(SEED)
-    batches = ReversalTask(sizes.n_symbols, sizes.seq_len).batches(8, batch, SEED, info.device)
+    batches = ReversalTask(sizes.n_symbols, sizes.seq_len).batches(
+        8, sizes.batch * rung.batch_scale, SEED, info.device)
     model = DecoderTransformer(config).to(info.device)
     if rung.pure_bf16:
         model = model.to(torch.bfloat16)
@@ -234,7 +238,54 @@ def run_step(info: DeviceInfo, sizes: TransformerSizes, rung: Rung, ceiling: Cei
     scaler = torch.amp.GradScaler(info.type, enabled=bool(
         rung.amp_dtype and info.needs_grad_scaler(rung.amp_dtype)))
     net = model if rung.compile_mode is None else torch.compile(model, mode=rung.compile_mode)
-    step = make_sequence_train_step(net, optimizer, batches, rung.amp_dtype, scaler)
+    return make_sequence_train_step(net, optimizer, batches, rung.amp_dtype, scaler), batches
+
+
+def compare_rungs(info: DeviceInfo, sizes: TransformerSizes, rows: Sequence[RungResult],
+                  blocks: int = MIN_BLOCKS, preset: str = "", progress: bool = False
+                  ) -> dict[str, PairedComparison]:
+    """Every eager rung of ``rows`` that ran at the first rung's tokens per step, against that
+    first rung (fp32), from steps that take turns (``interleave``: palindromic blocks, a second
+    fp32 model as the A/A control), so a load that comes or goes meets every rung alike. The
+    models are built again, fresh; compiled rungs and larger batches are left out (a compiled
+    rung's graphs belong to the compile cache it was built in; a larger batch does other work,
+    compared by its rate). Empty where fewer than two such rungs ran."""
+    first = rows[0] if rows else None
+    if first is None or first.timing is None:
+        return {}
+    same = [r.rung for r in rows if r.timing is not None and r.rung.compile_mode is None
+            and r.tokens == first.tokens]
+    if len(same) < 2:
+        return {}
+    runs: dict[str, Callable[[], object]] = {}
+    for name, rung in [(r.name, r) for r in same] + [(CONTROL, first.rung)]:
+        step, _ = build_step(info, sizes, rung)
+        runs[name] = _counting(step)
+    try:
+        timed = interleave(runs, first.rung.name, CONTROL, info.device, blocks, preset=preset,
+                           progress=progress)
+    finally:
+        runs.clear()
+        free_memory(info.device)
+    return {r.name: timed.comparison(r.name) for r in same[1:]}
+
+
+def _counting(step: Callable[[int], float]) -> Callable[[], float]:
+    """``step`` called with 0, 1, 2, ... (each run walks its own batches)."""
+    calls = iter(range(1 << 62))
+    return lambda: step(next(calls))
+
+
+def run_step(info: DeviceInfo, sizes: TransformerSizes, rung: Rung, ceiling: Ceiling | None,
+             max_steps: int = 30, budget_s: float = 3.0, profile: bool = True,
+             d_model: int | None = None, progress: bool = False) -> RungResult:
+    """Train a fresh, identically seeded transformer in ``rung``'s configuration: ``WARMUP``
+    untimed steps, then up to ``max_steps`` timed ones (at least 3, stopping once ``budget_s``
+    seconds are spent), then 3 profiled steps."""
+    config = _config(sizes, d_model)
+    tokens = sizes.batch * rung.batch_scale * sizes.seq_len
+    result = RungResult(rung, tokens)
+    step, batches = build_step(info, sizes, rung, d_model)
     timing, losses = time_steps(step, max_steps, info.device, WARMUP, desc=rung.name,
                                 progress=progress, budget_s=budget_s)
     result.timing, result.final_loss = timing, float(losses[-1])
@@ -260,16 +311,18 @@ def run_step(info: DeviceInfo, sizes: TransformerSizes, rung: Rung, ceiling: Cei
 
 def run_ladder(info: DeviceInfo, sizes: TransformerSizes, ceiling: Ceiling | None,
                deadline: float | None = None, on_row: Callable[[RungResult], None] | None = None,
-               compiled: bool = True, **options: object) -> list[RungResult]:
+               compiled: bool = True, blocks: int = MIN_BLOCKS, preset: str = "",
+               **options: object) -> list[RungResult]:
     """Every rung of ``ladder_rungs`` in order. A rung that does not apply, one that fails
     (its error's last line), one not started before ``deadline`` (``time.monotonic()``) and,
     with ``compiled=False``, the compile and CUDA-graph rungs are rows with ``skipped`` set (the
     rungs built on them, a larger batch, the other dtype, pure bf16, then run eager); ``on_row``
     sees each row as it is done. Each compiled rung compiles cold, in an empty cache of its own
-    (``measure.fresh_compile_cache``): no graph compiled for another rung is reused. The first
-    rung (fp32) is timed once more after the others (``timing_again``, before ``deadline``), so a
-    load that came or went while the ladder ran shows (``measure.Comparison``'s
-    ``baseline_again``)."""
+    (``measure.fresh_compile_cache``): no graph compiled for another rung is reused. Then, before
+    ``deadline``, the eager rungs at fp32's tokens are compared with it in ``blocks`` interleaved
+    blocks (``compare_rungs``, ``preset`` naming the sizes: none is stated at ``smoke``), each
+    row's ``comparison``: the rungs ran one after another, and a load that came or went
+    meanwhile moved some and not others."""
     rows = []
     for rung, why in ladder_rungs(info):
         tokens = sizes.batch * rung.batch_scale * sizes.seq_len
@@ -295,14 +348,11 @@ def run_ladder(info: DeviceInfo, sizes: TransformerSizes, ceiling: Ceiling | Non
         rows.append(row)
         if on_row:
             on_row(row)
-    first = rows[0] if rows else None
-    if first is not None and first.timing is not None and (
-            deadline is None or time.monotonic() <= deadline):
-        try:
-            first.timing_again = run_step(info, sizes, first.rung, ceiling, profile=False,
-                                          **options).timing
-        finally:
-            free_memory(info.device)
+    if deadline is None or time.monotonic() <= deadline:
+        compared = compare_rungs(info, sizes, rows, blocks, preset,
+                                 progress=bool(options.get("progress")))
+        for row in rows:
+            row.comparison = compared.get(row.rung.name)
     return rows
 
 

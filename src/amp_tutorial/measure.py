@@ -248,9 +248,9 @@ class Comparison:
     preset is big enough to time; otherwise the comparison says why it cannot be made here.
 
     Runs timed one after the other can each be quiet and still not comparable: a load that starts
-    or stops between them (another learner's job) moves one run and not the other. Where the
-    baseline was timed once more after the other runs (``baseline_again``), medians that differ
-    by more than ``NOISY_SPREAD`` say so, and no ratio is stated.
+    or stops between them (another learner's job) moves one run and not the other. The lessons
+    therefore compare steps that take turns (``interleave.PairedComparison``, which reads the
+    same); this rule remains for runs timed apart.
     """
 
     name: str
@@ -258,7 +258,6 @@ class Comparison:
     timing: Timing
     baseline: Timing
     preset: str
-    baseline_again: Timing | None = None  # the baseline timed again, after the other runs
 
     @property
     def ratio(self) -> float:
@@ -277,14 +276,7 @@ class Comparison:
         if self.preset in UNTIMED_PRESETS:
             return UNTIMED_PRESETS[self.preset]
         noisy = self.noisy_runs
-        if noisy:
-            return busy(noisy)
-        again = self.baseline_again
-        if again is not None and abs(again.median / self.baseline.median - 1) > NOISY_SPREAD:
-            return (f"{self.baseline_name} took {self.baseline.median * 1e3:.3g} ms per step "
-                    f"first and {again.median * 1e3:.3g} ms when timed again after the other "
-                    "runs: the machine's load changed while they ran")
-        return None
+        return busy(noisy) if noisy else None
 
     @staticmethod
     def why_no_ratio(comparisons: Iterable[Comparison]) -> str | None:
@@ -295,7 +287,7 @@ class Comparison:
         if not comparisons:
             return None
         noisy = {name: why for c in comparisons for name, why in c.noisy_runs.items()}
-        others = [c.noise for c in comparisons if not c.noisy_runs]  # a small preset, a moved load
+        others = [c.noise for c in comparisons if not c.noisy_runs]  # a small preset, a control
         return "; ".join(dict.fromkeys(([busy(noisy)] if noisy else []) + others))
 
     @property

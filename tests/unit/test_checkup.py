@@ -41,6 +41,7 @@ from amp_tutorial.device import (
     select_device,
     tf32_state,
 )
+from amp_tutorial.interleave import PairedComparison, Ratio
 from amp_tutorial.measure import Timing
 from tests.unit.test_device import FAKE_H100, pretend_ampere, tf32_settings_kept
 
@@ -395,9 +396,10 @@ def test_agreement_is_not_claimed_when_every_amp_step_was_skipped():
 def test_no_speed_verdict_from_noisy_timings(hazard):
     # issue 43: on a shared machine the speed verdict came from wall time whose spread passed
     # the course's NOISY rule; the timing rule holds for the check-up too
+    # a report without an interleaved comparison (speed=None) is judged by its medians' rule
     quiet = dataclasses.replace(hazard, timing_ms={"fp32": 10.0, "amp": 20.0},
                                 timing_iqr_ms={"fp32": 1.0, "amp": 1.0},
-                                timing_wait_share={"fp32": 0.01, "amp": None})
+                                timing_wait_share={"fp32": 0.01, "amp": None}, speed=None)
     assert quiet.speed_noise is None and quiet.payoff_rows()[1]["speedup (t_fp32 / t)"] == 0.5
     noisy = dataclasses.replace(quiet, timing_iqr_ms={"fp32": 1.0, "amp": 6.0})
     assert "amp's spread is 30%" in noisy.speed_noise
@@ -416,6 +418,37 @@ def test_no_speed_verdict_from_noisy_timings(hazard):
     assert not any("keep this model in fp32" in line for line in lines)
     assert any("idle machine" in line for line in lines)
     assert any("keep this model in fp32" in a.line for a in _advice(quiet, info, torch.float16))
+
+
+def paired(estimate, control, blocks=5):
+    return PairedComparison("AMP fp16", "fp32", Ratio(*estimate, blocks), Ratio(*control, blocks),
+                            "wall time", "", controlled="fp32")
+
+
+def test_the_speed_verdict_comes_from_steps_that_took_turns(hazard):
+    # issue 57: fp32 and AMP were timed one after the other, so a load that came or went between
+    # them moved one and not the other; now they take turns, fp32 twice as the A/A control
+    speed = hazard.speed
+    assert speed is not None and speed.baseline_name == "fp32" and speed.name == "AMP fp16"
+    assert speed.estimate.blocks == speed.control.blocks == checkup_module.BLOCKS == 8
+    assert hazard.speedup == speed.ratio
+    stated = dataclasses.replace(hazard, speed=paired((0.5, 0.45, 0.55), (1.0, 0.97, 1.04)))
+    assert stated.speed_noise is None and stated.speedup == 0.5
+    row = stated.payoff_rows()[1]
+    assert row["speedup (t_fp32 / t)"] == 0.5
+    assert row["90% interval"] == "0.45-0.55, wall time; fp32 against itself 1.00"
+    # the control off 1 (the load moved between steps): no ratio, and the advice says so
+    drifted = dataclasses.replace(stated, speed=paired((0.5, 0.45, 0.55), (1.3, 1.2, 1.4)))
+    assert "fp32 against itself gave 1.30x" in drifted.speed_noise
+    assert drifted.payoff_rows()[1]["speedup (t_fp32 / t)"] == "none: noisy"
+    info = select_device("cpu")
+    assert any("idle machine" in a.line for a in _advice(drifted, info, torch.float16))
+    # an interval over half its median says too little
+    wide = dataclasses.replace(stated, speed=paired((0.5, 0.3, 0.7), (1.0, 0.97, 1.04)))
+    assert "is 80% of its median" in wide.speed_noise
+    with pytest.raises(CheckupError, match=r"blocks \(2\) must be at least 5"):
+        amp_checkup(RawCounts(), (torch.ones(2, 8), torch.ones(2, 1)), nn.functional.mse_loss,
+                    blocks=2)
 
 
 # --- any model and batch in (issue 43): real modules, batches and outputs of every structure ---

@@ -20,7 +20,7 @@ from amp_tutorial.ladder import (
     run_step,
     with_width,
 )
-from amp_tutorial.measure import Timing
+from amp_tutorial.measure import UNTIMED_PRESETS, Timing
 from amp_tutorial.mfu import Utilization
 from amp_tutorial.presets import get_preset
 
@@ -116,29 +116,42 @@ def test_rungs_past_the_deadline_or_failing_are_rows_that_say_why(monkeypatch):
     assert all(r.skipped.startswith("not reached") for r in rows if r.rung in ran)
 
 
-def test_the_first_rung_is_timed_again_after_the_last(monkeypatch):
-    """The ladder's rungs run one after another; fp32, the baseline, is timed once more at the
-    end so a load that came or went meanwhile shows (``Comparison.baseline_again``)."""
+def test_the_eager_rungs_are_compared_with_fp32_taking_turns(monkeypatch):
+    """The ladder's rungs run one after another (each its own ms/step and MFU); the ratios
+    against fp32 come from a second pass in which the eager rungs at fp32's tokens, built again,
+    take turns with fp32 and its twin (issue 57: a load that came or went moved some rungs and
+    not others)."""
     import amp_tutorial.ladder as ladder
 
-    calls = []
+    def fake_step(info, sizes, rung, ceiling, *_args, **_kwargs):  # the first pass, timed apart
+        return RungResult(rung, sizes.batch * rung.batch_scale * sizes.seq_len,
+                          timing=Timing((0.01,) * 3))
 
-    def fake_step(info, sizes, rung, ceiling, *_args, **_kwargs):
-        calls.append(rung.name)
-        seconds = 0.010 * len(calls)  # every run slower than the one before: a growing load
-        return RungResult(rung, sizes.batch * sizes.seq_len, timing=Timing((seconds,) * 3))
+    built = []
+    real_build = ladder.build_step
+
+    def counting_build(info, sizes, rung, d_model=None):
+        built.append(rung.name)
+        return real_build(info, sizes, rung, d_model)
 
     monkeypatch.setattr(ladder, "run_step", fake_step)
+    monkeypatch.setattr(ladder, "build_step", counting_build)
     info = select_device("cpu")
-    rows = run_ladder(info, get_preset("smoke").transformer, None, compiled=False)
-    assert calls[0] == calls[-1] == "fp32" and calls.count("fp32") == 2
-    assert rows[0].timing.median == pytest.approx(0.010)
-    assert rows[0].timing_again.median == pytest.approx(0.010 * len(calls))
-    assert rows[0].as_dict()["median_again_s"] == pytest.approx(0.010 * len(calls))
-    assert all(r.timing_again is None for r in rows[1:])
-    calls.clear()  # past the deadline: nothing more is run, not even the second fp32 timing
+    rows = run_ladder(info, get_preset("smoke").transformer, None, compiled=False,
+                      preset="smoke")
+    same = [r for r in rows if r.timing is not None and r.tokens == rows[0].tokens]
+    assert [r.rung.name for r in same] == ["fp32", "AMP bf16", "AMP bf16 + fused AdamW"]
+    assert built == ["fp32", "AMP bf16", "AMP bf16 + fused AdamW", "fp32"]  # fp32's twin last
+    for r in same[1:]:
+        c = r.comparison
+        assert c.name == r.rung.name and c.baseline_name == "fp32" and c.estimate.blocks == 5
+        assert c.noise == UNTIMED_PRESETS["smoke"] and c.stated is None  # smoke: never stated
+        assert r.as_dict()["vs_first"]["why_not_stated"] == c.noise
+    # the first rung, and rungs at 4x the tokens (another step's work), get no comparison
+    assert all(r.comparison is None for r in rows if r not in same[1:])
+    built.clear()  # past the deadline: no second pass
     rows = run_ladder(info, get_preset("smoke").transformer, None, deadline=0.0)
-    assert calls == [] and rows[0].timing_again is None
+    assert built == [] and all(r.comparison is None for r in rows)
 
 
 def _row(width: int, mode: str, ms: float) -> SweepRow:
