@@ -105,7 +105,7 @@ ROW_CHECKS: dict[str, Check] = {
     "02-scaler": Check(("02",)),
     "02-bitwise": Check(("02",), cell="unclipped"),
     "03-allocator-peak": Check(("03",)),
-    "03-interleaved": Check(("03", "04", "12", "13", "14", "15", "16")),
+    "03-interleaved": Check(("03", "04", "12", "13", "14", "15", "16", "17", "18")),
     "03-saved-halved": Check(("03",), cell='saved_bytes_on("cuda"'),
     "03-mps-saved": Check(needs="MPS"),
     "03-rocm-nhwc": Check(needs="ROCm"),

@@ -48,7 +48,7 @@ from tests.unit.test_device import FAKE_H100, pretend_ampere, tf32_settings_kept
 # a ceiling from fixed numbers, so no test spends its time on matmuls
 CEILING = Ceiling(tuple(MatmulRate(64, d, Timing((t,))) for d, t in
                         (("fp32", 2e-3), ("bf16", 1e-3), ("fp16", 1e-3))))
-OPTIONS = {"steps": 3, "warmup": 1, "ceiling": CEILING}
+OPTIONS = {"steps": 3, "warmup": 1, "ceiling": CEILING, "blocks": 5}  # blocks: the fewest
 
 
 class RawCounts(nn.Module):
@@ -430,7 +430,7 @@ def test_the_speed_verdict_comes_from_steps_that_took_turns(hazard):
     # them moved one and not the other; now they take turns, fp32 twice as the A/A control
     speed = hazard.speed
     assert speed is not None and speed.baseline_name == "fp32" and speed.name == "AMP fp16"
-    assert speed.estimate.blocks == speed.control.blocks == checkup_module.BLOCKS == 8
+    assert speed.estimate.blocks == speed.control.blocks == OPTIONS["blocks"]
     assert hazard.speedup == speed.ratio
     stated = dataclasses.replace(hazard, speed=paired((0.5, 0.45, 0.55), (1.0, 0.97, 1.04)))
     assert stated.speed_noise is None and stated.speedup == 0.5

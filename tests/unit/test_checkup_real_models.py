@@ -18,7 +18,7 @@ from amp_tutorial.checkup import AGREEMENT, Checkup, NotChecked, checkup, recomm
 from amp_tutorial.device import dtype_name, select_device
 from tests.unit.test_checkup import CEILING
 
-OPTIONS = {"steps": 2, "warmup": 1, "ceiling": CEILING}
+OPTIONS = {"steps": 2, "warmup": 1, "ceiling": CEILING, "blocks": 5}  # blocks: the fewest
 CPU = select_device("cpu")
 LOW = recommended_dtype(CPU)  # what the check-up checks by default here
 
