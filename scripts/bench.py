@@ -7,6 +7,10 @@ final answer accuracy on held-out sequences).
 For fp32 and every AMP dtype the device supports it reports training and inference time per step
 (median and interquartile range over the timed steps, after warm-up), peak allocator memory where
 the device has one, saved-activation bytes (every device), the final loss and ratios against fp32.
+The time ratios come from a second pass in which fresh models of every mode take turns step by
+step with fp32 and a second fp32 model (``amp_tutorial.interleave``: the median over blocks, its
+90% interval, stated only where the A/A control holds 1), so a load that comes or goes on a
+shared machine meets every mode alike.
 ``--compile`` runs the same modes through ``torch.compile`` and reports the compile time (first
 call minus a median step) apart from the step time; the compile lesson explains what changes.
 
@@ -39,10 +43,12 @@ from amp_tutorial.device import (
     tf32_in_use,
 )
 from amp_tutorial.host_memory import MALLOC_ENV, keep_freed_memory
+from amp_tutorial.interleave import MIN_BLOCKS, PairedComparison, interleave, numbered
 from amp_tutorial.ladder import matmul_rate_tflops
 from amp_tutorial.measure import (
     SavedBytes,
     Timing,
+    free_memory,
     fresh_compile_cache,
     peak_memory_bytes,
     reset_peak_memory,
@@ -97,6 +103,13 @@ class ModeResult:
     train_tflops: float | None = None  # achieved: train_flops / train_median_s
     mfu: float | None = None  # train_tflops / the GPU's datasheet peak of its dtype (mfu.PEAKS)
     of_matmul: float | None = None  # train_tflops / this run's measured matmul rate of its dtype
+    # the speedups' 90% intervals from the interleaved pass ("0.45-0.55"; None for a compiled
+    # mode, whose speedups are its medians' ratio), and why a speedup is not a result here
+    train_interval: str | None = None
+    infer_interval: str | None = None
+    train_noise: str | None = None
+    infer_noise: str | None = None
+    timed: str | None = None  # what the interleaved pass read: wall time, or CPU time per core
 
 
 def run_mode(
@@ -115,13 +128,11 @@ def run_mode(
     """
     label = dtype_name(amp_dtype) if amp_dtype else fp32_baseline(info)
     label += " compiled" if compile_backend else ""
-    torch.manual_seed(SEED)
     reset_peak_memory(info.device)
-    model = ConvModel(preset.hidden, preset.n_hidden_layers).to(
-        info.device, memory_format=_memory_format(inputs))
+    model = _conv_model(info, preset, inputs)
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
-    use_scaler = amp_dtype is not None and info.needs_grad_scaler(amp_dtype)
-    scaler = torch.amp.GradScaler(info.type, enabled=use_scaler)
+    scaler = _scaler(info, amp_dtype)
+    use_scaler = scaler.is_enabled()
     net = torch.compile(model, backend=compile_backend) if compile_backend else model
     train_step = make_train_step(net, optimizer, inputs, targets, amp_dtype, scaler)
     train_first = _first_call_s(train_step, info.device) if compile_backend else None
@@ -179,12 +190,12 @@ def run_transformer_mode(
     """
     sizes = preset.transformer
     label = dtype_name(amp_dtype) if amp_dtype else fp32_baseline(info, ("matmuls",))
-    torch.manual_seed(SEED)
     reset_peak_memory(info.device)
+    torch.manual_seed(SEED)
     model = DecoderTransformer(config).to(info.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sizes.lr)
-    use_scaler = amp_dtype is not None and info.needs_grad_scaler(amp_dtype)
-    scaler = torch.amp.GradScaler(info.type, enabled=use_scaler)
+    scaler = _scaler(info, amp_dtype)
+    use_scaler = scaler.is_enabled()
     train_step = make_sequence_train_step(model, optimizer, train, amp_dtype, scaler)
     train_timing, losses = time_steps(train_step, sizes.steps, info.device, sizes.warmup,
                                       desc=f"train {label}", progress=progress)
@@ -215,13 +226,72 @@ def run_transformer_benchmark(info: DeviceInfo, preset: Preset, progress: bool =
     """
     config, train, test = make_transformer_problem(preset, info.device)
     results, losses = [], {}
-    for amp_dtype in tqdm([None, *info.amp_dtypes], desc="modes", disable=not progress):
+    modes = [None, *info.amp_dtypes]
+    for amp_dtype in tqdm(modes, desc="modes", disable=not progress):
         result, history = run_transformer_mode(info, preset, amp_dtype, config, train, test,
                                                progress)
         results.append(result)
         losses[result.mode] = history
-    add_ratios(results)
+    sizes = preset.transformer
+
+    def model() -> DecoderTransformer:
+        torch.manual_seed(SEED)
+        return DecoderTransformer(config).to(info.device)
+
+    def train_step(amp_dtype: torch.dtype | None) -> Callable[[int], object]:
+        net = model()
+        return make_sequence_train_step(net, torch.optim.AdamW(net.parameters(), lr=sizes.lr),
+                                        train, amp_dtype, _scaler(info, amp_dtype))
+
+    labelled = [(r.mode, m) for r, m in zip(results, modes, strict=True)]
+    add_ratios(results, {
+        part: compare_modes(info, build, labelled, _blocks(steps), sizes.warmup, preset.name,
+                            progress)
+        for part, build, steps in (
+            ("train", train_step, sizes.steps),
+            ("infer", lambda m: make_inference_step(model(), test[0][0], m),
+             max(2, sizes.steps // 4)))})
     return results, losses
+
+
+CONTROL = "fp32 again"  # fp32 built twice: the interleaved pass's A/A control
+
+
+def compare_modes(info: DeviceInfo, build: Callable[[torch.dtype | None], Callable[[int], object]],
+                  modes: Sequence[tuple[str, torch.dtype | None]], blocks: int, warmup: int,
+                  preset: str, progress: bool = True) -> dict[str, PairedComparison]:
+    """Each of ``modes`` (label, AMP dtype or None; fp32 first) against fp32, from steps that
+    take turns (``interleave``, ``warmup`` steps per mode untimed first): every mode's step built
+    fresh by ``build(amp_dtype)``, fp32's twice, the second its A/A control."""
+    (baseline, _), *others = modes
+    runs = {label: numbered(build(dtype)) for label, dtype in modes}
+    runs[CONTROL] = numbered(build(None))
+    try:
+        timed = interleave(runs, baseline, CONTROL, info.device, blocks,
+                           warmup=max(1, warmup // 2), preset=preset, progress=progress)
+    finally:
+        runs.clear()
+        free_memory(info.device)
+    return {label: timed.comparison(label) for label, _ in others}
+
+
+def _blocks(steps: int) -> int:
+    """Interleaved blocks for a mode timed ``steps`` steps in its own run: an eighth of them,
+    at least ``MIN_BLOCKS`` (each block runs every mode twice)."""
+    return max(MIN_BLOCKS, steps // 8)
+
+
+def _conv_model(info: DeviceInfo, preset: Preset, inputs: torch.Tensor) -> ConvModel:
+    """A fresh ConvModel seeded ``SEED``, in the inputs' memory format."""
+    torch.manual_seed(SEED)
+    return ConvModel(preset.hidden, preset.n_hidden_layers).to(
+        info.device, memory_format=_memory_format(inputs))
+
+
+def _scaler(info: DeviceInfo, amp_dtype: torch.dtype | None) -> torch.amp.GradScaler:
+    """A GradScaler, on where ``amp_dtype`` needs one on this device (fp16)."""
+    return torch.amp.GradScaler(info.type, enabled=amp_dtype is not None
+                                and info.needs_grad_scaler(amp_dtype))
 
 
 def _first_call_s(step: Callable[[int], object], device: torch.device) -> float:
@@ -246,8 +316,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b in (None, 0) else a / b
 
 
-def add_ratios(results: list[ModeResult]) -> None:
-    """Fill in speedups (t_fp32 / t_amp) and memory ratios (amp / fp32) against the first row.
+def add_ratios(results: list[ModeResult],
+               compared: dict[str, dict[str, PairedComparison]] | None = None) -> None:
+    """Fill in speedups (t_fp32 / t_amp) and memory ratios (amp / fp32) against the first row:
+    a speedup from ``compared[part][mode]`` (the interleaved pass, ``part`` "train" or "infer")
+    where there is one, with its interval and why it is not a result, else the medians' ratio.
     """
     base = results[0]
     for r in results:
@@ -256,6 +329,13 @@ def add_ratios(results: list[ModeResult]) -> None:
         r.activation_ratio = r.saved_activation_bytes / base.saved_activation_bytes
         r.train_peak_ratio = _ratio(r.train_peak_bytes, base.train_peak_bytes)
         r.infer_peak_ratio = _ratio(r.infer_peak_bytes, base.infer_peak_bytes)
+        for part, by_mode in (compared or {}).items():
+            c = by_mode.get(r.mode)
+            if c is not None:
+                setattr(r, f"{part}_speedup", c.ratio)
+                setattr(r, f"{part}_interval", f"{c.estimate.low:.2f}-{c.estimate.high:.2f}")
+                setattr(r, f"{part}_noise", c.noise)
+                r.timed = c.basis
 
 
 MEMORY_FORMATS = {"channels_last": torch.channels_last, "contiguous": torch.contiguous_format}
@@ -273,7 +353,22 @@ def run_benchmark(info: DeviceInfo, preset: Preset, progress: bool = True,
     runs = [(m, None) for m in modes] + [(m, compile_backend) for m in modes if compile_backend]
     results = [run_mode(info, preset, m, inputs, targets, progress, backend)
                for m, backend in tqdm(runs, desc="modes", disable=not progress)]
-    add_ratios(results)
+
+    def train_step(amp_dtype: torch.dtype | None) -> Callable[[int], object]:
+        net = _conv_model(info, preset, inputs)
+        return make_train_step(net, torch.optim.Adam(net.parameters(), lr=LEARNING_RATE),
+                               inputs, targets, amp_dtype, _scaler(info, amp_dtype))
+
+    # the eager modes; compiled ones keep their medians' ratio (their graphs belong to the
+    # compile runs above)
+    labelled = [(r.mode, m) for r, m in zip(results, modes, strict=False)]
+    add_ratios(results, {
+        part: compare_modes(info, build, labelled, _blocks(steps), preset.warmup, preset.name,
+                            progress)
+        for part, build, steps in (
+            ("train", train_step, preset.steps),
+            ("infer", lambda m: make_inference_step(_conv_model(info, preset, inputs), inputs, m),
+             preset.inference_steps))})
     return results
 
 
@@ -329,7 +424,8 @@ def add_utilization(results: list[ModeResult], flops: int, info: DeviceInfo, cei
 def gain_lines(results: list[ModeResult], ceiling: Ceiling) -> list[str]:
     """Each AMP row's gains next to its matmul ceiling (what the rest of the step costs), or
     what the matmul ratio is where it bounds nothing."""
-    return [f"{r.mode}: training {r.train_speedup:.2f}x, inference {r.infer_speedup:.2f}x, "
+    return [f"{r.mode}: no training ratio here ({r.train_noise})" if r.train_noise else
+            f"{r.mode}: training {r.train_speedup:.2f}x, inference {_speedup(r, 'infer')}, "
             f"{ceiling.describe(r.amp_dtype, r.train_speedup)}"
             for r in results if r.amp_dtype in ceiling.low_dtypes]
 
@@ -357,8 +453,8 @@ def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
         ["mode", "scaler", "train ms/step", "IQR", "speedup", "infer ms/step", "IQR", "speedup",
          "final loss", *(["accuracy"] if with_accuracy else []), "compile s (train/infer)"],
         [[r.mode, "yes" if r.grad_scaler else "no",
-          f"{r.train_median_s * 1e3:.2f}", f"{r.train_iqr_s * 1e3:.2f}", _x(r.train_speedup),
-          f"{r.infer_median_s * 1e3:.2f}", f"{r.infer_iqr_s * 1e3:.2f}", _x(r.infer_speedup),
+          f"{r.train_median_s * 1e3:.2f}", f"{r.train_iqr_s * 1e3:.2f}", _speedup(r, "train"),
+          f"{r.infer_median_s * 1e3:.2f}", f"{r.infer_iqr_s * 1e3:.2f}", _speedup(r, "infer"),
           f"{r.final_loss:.4g}", *([f"{r.final_accuracy:.3f}"] if with_accuracy else []),
           _compile_text(r)] for r in results])
     memory_table = _table(
@@ -368,8 +464,15 @@ def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
           _mb(r.cast_weight_bytes),
           _mb(r.train_peak_bytes), _ratio_text(r.train_peak_ratio),
           _mb(r.infer_peak_bytes), _ratio_text(r.infer_peak_ratio)] for r in results])
-    notes = ("speedup = t_fp32 / t_mode (median per step, after warm-up); IQR = interquartile "
-             "range;\n"
+    timed = next((r.timed for r in results if r.timed), "wall time")
+    unstated = [f"{r.mode} {part}: {why}" for r in results for part in ("train", "infer")
+                if (why := getattr(r, f"{part}_noise"))]
+    notes = ("speedup = t_fp32 / t_mode from fresh models taking turns step by step with fp32 "
+             f"and a second fp32 model\n(the control), {timed}: the median over blocks and its "
+             "90% interval; a compiled mode's is its medians' ratio;\n"
+             + "".join(f"no ratio for {line}\n" for line in unstated)
+             + "ms/step: each mode's own run (median per step, after warm-up); IQR = "
+             "interquartile range;\n"
              + ("accuracy = answer tokens right on held-out sequences;\n" if with_accuracy else "")
              + "ratio = mode / fp32; peak MB is the caching allocator's peak (n/a on CPU and "
              "MPS);\nsaved activations = bytes autograd keeps for backward in one forward + loss, "
@@ -390,6 +493,16 @@ def format_table(info: DeviceInfo, preset: Preset, results: list[ModeResult],
         text, "", "Ceiling: matmul GFLOP/s, median (quartile range), measured in this run",
         *ceiling.lines(), "", "AMP gain against fp32 (t_fp32 / t_mode), next to the best matmul "
         "ratio of its dtype", *gain_lines(results, ceiling)])
+
+
+def _speedup(r: ModeResult, part: str) -> str:
+    """A speedup cell: the ratio with its interval, "no ratio" (the notes say why), or the
+    medians' ratio where the mode was not interleaved."""
+    if getattr(r, f"{part}_noise"):
+        return "no ratio"
+    interval = getattr(r, f"{part}_interval")
+    ratio = _x(getattr(r, f"{part}_speedup"))
+    return f"{ratio} ({interval})" if interval else ratio
 
 
 def _compile_text(r: ModeResult) -> str:

@@ -31,6 +31,7 @@ a control:
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -186,6 +187,13 @@ class Interleaved:
     def comparisons(self) -> list[PairedComparison]:
         """Every run but the baseline and its control, against the baseline."""
         return [self.comparison(n) for n in self.timings if n not in (self.baseline, self.control)]
+
+
+def numbered(step: Callable[[int], object]) -> Callable[[], object]:
+    """``step(i)`` as a call without arguments, ``i`` counting 0, 1, 2, ... from the first call:
+    a course step that walks its batches, made into one of ``interleave``'s runs."""
+    calls = itertools.count()
+    return lambda: step(next(calls))
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ import torch
 
 from amp_tutorial.ceiling import Ceiling
 from amp_tutorial.device import DeviceInfo, dtype_name, tf32_in_use
-from amp_tutorial.interleave import MIN_BLOCKS, PairedComparison, interleave
+from amp_tutorial.interleave import MIN_BLOCKS, PairedComparison, interleave, numbered
 from amp_tutorial.measure import (
     Timing,
     free_memory,
@@ -260,7 +260,7 @@ def compare_rungs(info: DeviceInfo, sizes: TransformerSizes, rows: Sequence[Rung
     runs: dict[str, Callable[[], object]] = {}
     for name, rung in [(r.name, r) for r in same] + [(CONTROL, first.rung)]:
         step, _ = build_step(info, sizes, rung)
-        runs[name] = _counting(step)
+        runs[name] = numbered(step)
     try:
         timed = interleave(runs, first.rung.name, CONTROL, info.device, blocks, preset=preset,
                            progress=progress)
@@ -268,12 +268,6 @@ def compare_rungs(info: DeviceInfo, sizes: TransformerSizes, rows: Sequence[Rung
         runs.clear()
         free_memory(info.device)
     return {r.name: timed.comparison(r.name) for r in same[1:]}
-
-
-def _counting(step: Callable[[int], float]) -> Callable[[], float]:
-    """``step`` called with 0, 1, 2, ... (each run walks its own batches)."""
-    calls = iter(range(1 << 62))
-    return lambda: step(next(calls))
 
 
 def run_step(info: DeviceInfo, sizes: TransformerSizes, rung: Rung, ceiling: Ceiling | None,

@@ -622,7 +622,10 @@ def bench_summary(report: dict[str, Any]) -> str:
     parts = []
     for result in report.get("results", [])[1:]:
         ceiling = result.get("matmul_ceiling")
+        interval, noise = result.get("train_interval"), result.get("train_noise")
+        said = f"{interval}, not stated: {noise}" if noise else interval
         parts.append(f"{result['mode']} {result['train_speedup']:.2f}x"
+                     + (f" ({said})" if interval else "")
                      + (f" (ceiling {ceiling:.2f}x)" if ceiling else ""))
     base = report.get("results", [{}])[0]
     return (f"{base.get('mode', 'fp32')} {1000 * base.get('train_median_s', 0):.2f} ms/step; "

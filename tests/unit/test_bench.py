@@ -5,7 +5,7 @@ import json
 import pytest
 
 from amp_tutorial.ceiling import Ceiling, MatmulRate
-from amp_tutorial.measure import CROWDED_SHARE, Timing, cpu_wait_s
+from amp_tutorial.measure import CROWDED_SHARE, UNTIMED_PRESETS, Timing, cpu_wait_s
 from tests.support import load_program
 
 bench = load_program("bench")
@@ -30,7 +30,14 @@ def test_report_has_fp32_then_each_amp_dtype(smoke_report):
 def test_ratios_are_against_fp32(smoke_report):
     fp32, bf16 = smoke_report["results"]
     assert fp32["train_speedup"] == fp32["activation_ratio"] == 1.0
-    assert bf16["train_speedup"] == pytest.approx(fp32["train_median_s"] / bf16["train_median_s"])
+    assert fp32["train_interval"] is None and fp32["train_noise"] is None  # the baseline
+    # issue 57: the time ratios come from fresh models taking turns with fp32 and its twin, not
+    # from the two runs' medians (timed one after the other, a load between them moves one)
+    for part in ("train", "infer"):
+        low, high = map(float, bf16[f"{part}_interval"].split("-"))
+        assert low <= bf16[f"{part}_speedup"] <= high
+        assert bf16[f"{part}_noise"] == UNTIMED_PRESETS["smoke"]  # never stated at smoke
+    assert bf16["timed"] in ("wall time", "CPU time, one thread per run")
     assert bf16["activation_ratio"] == pytest.approx(
         bf16["saved_activation_bytes"] / fp32["saved_activation_bytes"])
     assert bf16["activation_ratio"] <= 0.55
@@ -44,6 +51,9 @@ def test_table_output(capsys):
     assert "preset: smoke" in out
     assert "\nfp32 " in out and "\nbf16 " in out
     assert "speedup = t_fp32 / t_mode" in out
+    # the smoke preset states no ratio: the cells say so and the notes say why
+    assert "no ratio for bf16 train: the smoke preset is too small to time" in out
+    assert "bf16: no training ratio here (the smoke preset" in out
 
 
 def test_json_to_stdout(capsys):
@@ -77,7 +87,8 @@ def test_transformer_flag_uses_the_same_report(transformer_report, smoke_report)
     assert transformer_report.keys() == smoke_report.keys()
     fp32, bf16 = transformer_report["results"]
     assert [fp32["mode"], bf16["mode"]] == ["fp32", "bf16"]
-    assert bf16["train_speedup"] == pytest.approx(fp32["train_median_s"] / bf16["train_median_s"])
+    low, high = map(float, bf16["train_interval"].split("-"))  # interleaved, as for conv
+    assert low <= bf16["train_speedup"] <= high and bf16["train_noise"]  # smoke: not stated
     assert bf16["activation_ratio"] <= 0.6
     sizes = transformer_report["preset"]["transformer"]
     for r in (fp32, bf16):  # both learned the task on held-out sequences
