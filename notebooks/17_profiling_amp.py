@@ -327,7 +327,8 @@ assert flops_per_step(4 * batch) == 4 * flops  # four times the tokens, four tim
 # after another, so a load that comes or goes meanwhile (a class shares the machine) moves some
 # and not others: their ms/step and MFU are each rung's own. The ratios against fp32 come from
 # a second pass, as lesson 03 times: the eager rungs at fp32's tokens per step, built again,
-# take turns step by step with fp32 and a second fp32 model (the control; `compare_rungs`).
+# take turns step by step with fp32 and a second fp32 model (the control; `compare_rungs`);
+# where no ratio can be stated, the answers recorded on machines of your kind follow it.
 
 # %%
 from amp_tutorial.ceiling import SIZES, matmul_ceiling

@@ -243,36 +243,43 @@ def run_transformer_benchmark(info: DeviceInfo, preset: Preset, progress: bool =
         return make_sequence_train_step(net, torch.optim.AdamW(net.parameters(), lr=sizes.lr),
                                         train, amp_dtype, _scaler(info, amp_dtype))
 
-    labelled = [(r.mode, m) for r, m in zip(results, modes, strict=True)]
-    add_ratios(results, {
-        part: compare_modes(info, build, labelled, _blocks(steps), sizes.warmup, preset.name,
-                            progress)
-        for part, build, steps in (
-            ("train", train_step, sizes.steps),
-            ("infer", lambda m: make_inference_step(model(), test[0][0], m),
-             max(2, sizes.steps // 4)))})
+    def infer_step(amp_dtype: torch.dtype | None) -> Callable[[int], object]:
+        return make_inference_step(model(), test[0][0], amp_dtype)
+
+    add_ratios(results, compare_modes(
+        info, {"train": (train_step, sizes.steps), "infer": (infer_step, max(2, sizes.steps // 4))},
+        [(r.mode, m) for r, m in zip(results, modes, strict=True)], sizes.warmup, preset.name,
+        progress))
     return results, losses
 
 
 CONTROL = "fp32 again"  # fp32 built twice: the interleaved pass's A/A control
 
 
-def compare_modes(info: DeviceInfo, build: Callable[[torch.dtype | None], Callable[[int], object]],
-                  modes: Sequence[tuple[str, torch.dtype | None]], blocks: int, warmup: int,
-                  preset: str, progress: bool = True) -> dict[str, PairedComparison]:
-    """Each of ``modes`` (label, AMP dtype or None; fp32 first) against fp32, from steps that
-    take turns (``interleave``, ``warmup`` steps per mode untimed first): every mode's step built
-    fresh by ``build(amp_dtype)``, fp32's twice, the second its A/A control."""
+Build = Callable[[torch.dtype | None], Callable[[int], object]]  # a fresh model's step, per dtype
+
+
+def compare_modes(info: DeviceInfo, builds: dict[str, tuple[Build, int]],
+                  modes: Sequence[tuple[str, torch.dtype | None]], warmup: int, preset: str,
+                  progress: bool = True) -> dict[str, dict[str, PairedComparison]]:
+    """Per part ("train", "infer": its step builder and how many steps each mode's own run
+    timed), each of ``modes`` (label, AMP dtype or None; fp32 first) against fp32, from steps
+    that take turns (``interleave``, ``_blocks`` of them, ``warmup`` steps per mode untimed
+    first): every mode's step built fresh by ``build(amp_dtype)``, fp32's twice, the second its
+    A/A control."""
     (baseline, _), *others = modes
-    runs = {label: numbered(build(dtype)) for label, dtype in modes}
-    runs[CONTROL] = numbered(build(None))
-    try:
-        timed = interleave(runs, baseline, CONTROL, info.device, blocks,
-                           warmup=max(1, warmup // 2), preset=preset, progress=progress)
-    finally:
-        runs.clear()
-        free_memory(info.device)
-    return {label: timed.comparison(label) for label, _ in others}
+    compared = {}
+    for part, (build, steps) in builds.items():
+        runs = {label: numbered(build(dtype)) for label, dtype in modes}
+        runs[CONTROL] = numbered(build(None))
+        try:
+            timed = interleave(runs, baseline, CONTROL, info.device, _blocks(steps),
+                               warmup=max(1, warmup // 2), preset=preset, progress=progress)
+        finally:
+            runs.clear()
+            free_memory(info.device)
+        compared[part] = {label: timed.comparison(label) for label, _ in others}
+    return compared
 
 
 def _blocks(steps: int) -> int:
@@ -359,16 +366,15 @@ def run_benchmark(info: DeviceInfo, preset: Preset, progress: bool = True,
         return make_train_step(net, torch.optim.Adam(net.parameters(), lr=LEARNING_RATE),
                                inputs, targets, amp_dtype, _scaler(info, amp_dtype))
 
+    def infer_step(amp_dtype: torch.dtype | None) -> Callable[[int], object]:
+        return make_inference_step(_conv_model(info, preset, inputs), inputs, amp_dtype)
+
     # the eager modes; compiled ones keep their medians' ratio (their graphs belong to the
     # compile runs above)
-    labelled = [(r.mode, m) for r, m in zip(results, modes, strict=False)]
-    add_ratios(results, {
-        part: compare_modes(info, build, labelled, _blocks(steps), preset.warmup, preset.name,
-                            progress)
-        for part, build, steps in (
-            ("train", train_step, preset.steps),
-            ("infer", lambda m: make_inference_step(_conv_model(info, preset, inputs), inputs, m),
-             preset.inference_steps))})
+    add_ratios(results, compare_modes(
+        info, {"train": (train_step, preset.steps), "infer": (infer_step, preset.inference_steps)},
+        [(r.mode, m) for r, m in zip(results, modes, strict=False)], preset.warmup, preset.name,
+        progress))
     return results
 
 

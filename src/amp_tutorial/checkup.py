@@ -60,7 +60,13 @@ from amp_tutorial.device import (
     select_device,
     tf32_state,
 )
-from amp_tutorial.interleave import MIN_BLOCKS, Interleaved, PairedComparison, interleave
+from amp_tutorial.interleave import (
+    BLOCKS,
+    MIN_BLOCKS,
+    Interleaved,
+    PairedComparison,
+    interleave,
+)
 from amp_tutorial.measure import (
     SavedBytes,
     StepTimer,
@@ -91,9 +97,6 @@ NUDGES = 2
 LOSS_FLOOR = 0.01
 SPREAD_FACTOR = 2
 INIT_SCALE = 2.0**16  # GradScaler's default init_scale
-# interleaved blocks timed for the payoff (6 steps each: fp32, its twin, AMP, twice): with
-# MIN_BLOCKS (5) lesson 18's ConvModel on an idle 2-core Zen 3 gave intervals 88% of the median
-BLOCKS = 8
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 # The ops cuBLAS computes as GEMMs, whose fp32 ``torch.backends.cuda.matmul``'s TF32 setting
 # governs; under CUDA autocast a Linear shows up as addmm/mm (``linear`` is a composite there:

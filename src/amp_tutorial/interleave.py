@@ -49,6 +49,10 @@ WIDE = 0.5
 # busy, so the comparison runs on one thread (idle, about 1% per thread)
 BUSY_WAIT = 0.1
 MIN_BLOCKS = 5  # fewer blocks give no interval worth the name
+# blocks for a comparison with no step count of its own to go by (the check-up, the ladder): with
+# MIN_BLOCKS, lesson 18's ConvModel on an idle 2-core Zen 3 gave an interval 88% of its median,
+# and lesson 17's rungs beside 4 CPU hogs 50-53%
+BLOCKS = 8
 # The A/A control passes when its interval reaches within this of 1: the twins' steps differ in
 # where they sit (a run's second step right after its first finds warm caches), which the
 # rotation evens out only on average; a gap this small is not what a lesson's ratio is about

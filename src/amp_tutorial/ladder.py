@@ -32,7 +32,7 @@ import torch
 
 from amp_tutorial.ceiling import Ceiling
 from amp_tutorial.device import DeviceInfo, dtype_name, tf32_in_use
-from amp_tutorial.interleave import MIN_BLOCKS, PairedComparison, interleave, numbered
+from amp_tutorial.interleave import BLOCKS, PairedComparison, interleave, numbered
 from amp_tutorial.measure import (
     Timing,
     free_memory,
@@ -242,7 +242,7 @@ def build_step(info: DeviceInfo, sizes: TransformerSizes, rung: Rung, d_model: i
 
 
 def compare_rungs(info: DeviceInfo, sizes: TransformerSizes, rows: Sequence[RungResult],
-                  blocks: int = MIN_BLOCKS, preset: str = "", progress: bool = False
+                  blocks: int = BLOCKS, preset: str = "", progress: bool = False
                   ) -> dict[str, PairedComparison]:
     """Every eager rung of ``rows`` that ran at the first rung's tokens per step, against that
     first rung (fp32), from steps that take turns (``interleave``: palindromic blocks, a second
@@ -305,7 +305,7 @@ def run_step(info: DeviceInfo, sizes: TransformerSizes, rung: Rung, ceiling: Cei
 
 def run_ladder(info: DeviceInfo, sizes: TransformerSizes, ceiling: Ceiling | None,
                deadline: float | None = None, on_row: Callable[[RungResult], None] | None = None,
-               compiled: bool = True, blocks: int = MIN_BLOCKS, preset: str = "",
+               compiled: bool = True, blocks: int = BLOCKS, preset: str = "",
                **options: object) -> list[RungResult]:
     """Every rung of ``ladder_rungs`` in order. A rung that does not apply, one that fails
     (its error's last line), one not started before ``deadline`` (``time.monotonic()``) and,

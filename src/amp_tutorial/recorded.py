@@ -87,6 +87,10 @@ RECORDED: tuple[Recorded, ...] = tuple(Recorded(q, *m, *rest) for q, m, *rest in
      "threads", _INTERLEAVED),
     ("16 fp8", _H100, "2026-11-27", "paper", "2.11.0", "0.78x (FP8 26.4 ms/step, bf16 20.7), "
      "compiled", _SEPARATE),
+    ("17 bf16", _ZEN3, "2026-12-07", "small", "2.14.1", "0.13x (0.13-0.14), two threads",
+     _INTERLEAVED),
+    ("17 bf16 + fused AdamW", _ZEN3, "2026-12-07", "small", "2.14.1", "0.13x (0.13-0.14), two "
+     "threads", _INTERLEAVED),
     ("17 bf16", _ZEN4, "2026-12-06", "cpu", "2.14.1", "1.66x", _LADDER),
     ("17 bf16 + fused AdamW", _ZEN4, "2026-12-06", "cpu", "2.14.1", "1.73x", _LADDER),
     ("17 bf16", _XEON, "2026-11-29", "cpu", "2.14.1", "2.49x", _LADDER),
@@ -98,12 +102,11 @@ RECORDED: tuple[Recorded, ...] = tuple(Recorded(q, *m, *rest) for q, m, *rest in
 
 def recorded_answers(question: str, info: DeviceInfo) -> list[Recorded]:
     """The recorded answers to ``question`` from machines like this one: the same device type,
-    and for a CPU the same kind of bf16 (native or emulated) where one was recorded."""
-    same_type = [r for r in RECORDED if r.question == question and r.device_type == info.type]
-    if info.type != "cpu":
-        return same_type
-    same_bf16 = [r for r in same_type if r.native_bf16 == info.native_bf16]
-    return same_bf16 or same_type
+    and for a CPU the same kind of bf16 (native or emulated): an emulated bf16 step runs several
+    times slower than fp32 where a native one runs faster, so the other kind's answer would
+    mislead (none, where none of this kind was recorded)."""
+    return [r for r in RECORDED if r.question == question and r.device_type == info.type
+            and (info.type != "cpu" or r.native_bf16 == info.native_bf16)]
 
 
 def with_recorded(comparison: Stated, question: str, info: DeviceInfo) -> str:

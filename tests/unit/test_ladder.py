@@ -9,6 +9,7 @@ import torch
 
 from amp_tutorial.ceiling import SIZES, matmul_ceiling
 from amp_tutorial.device import DeviceInfo, select_device
+from amp_tutorial.interleave import BLOCKS
 from amp_tutorial.ladder import (
     Rung,
     RungResult,
@@ -144,7 +145,7 @@ def test_the_eager_rungs_are_compared_with_fp32_taking_turns(monkeypatch):
     assert built == ["fp32", "AMP bf16", "AMP bf16 + fused AdamW", "fp32"]  # fp32's twin last
     for r in same[1:]:
         c = r.comparison
-        assert c.name == r.rung.name and c.baseline_name == "fp32" and c.estimate.blocks == 5
+        assert c.name == r.rung.name and c.baseline_name == "fp32" and c.estimate.blocks == BLOCKS
         assert c.noise == UNTIMED_PRESETS["smoke"] and c.stated is None  # smoke: never stated
         assert r.as_dict()["vs_first"]["why_not_stated"] == c.noise
     # the first rung, and rungs at 4x the tokens (another step's work), get no comparison
