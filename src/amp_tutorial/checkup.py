@@ -96,6 +96,9 @@ NUDGES = 2
 # first loss: a loss trained to near 0 would make any rounding look like a 100% gap
 LOSS_FLOOR = 0.01
 SPREAD_FACTOR = 2
+# A limit wider than this share of the loss says nothing: where fp32's own spread asks for it,
+# fp32 cannot tell AMP's rounding from its own, and the curves are not judged ("cannot judge")
+MAX_LOSS_TOLERANCE = 0.5
 INIT_SCALE = 2.0**16  # GradScaler's default init_scale
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 # The ops cuBLAS computes as GEMMs, whose fp32 ``torch.backends.cuda.matmul``'s TF32 setting
@@ -462,13 +465,25 @@ class Checkup:
         return self.updates_compared >= min(MIN_UPDATES, len(self.skipped_steps) - 1)
 
     @property
+    def discerning(self) -> bool:
+        """Whether fp32's own spread leaves a loss limit that says something (at most
+        ``MAX_LOSS_TOLERANCE``); where it does not, its curves cannot tell AMP from rounding."""
+        return self.loss_tolerance <= MAX_LOSS_TOLERANCE
+
+    @property
     def verdict(self) -> str:
         """``agree``, ``DISAGREE`` (outputs from the same weights differ, whatever the steps;
         or the loss curves after enough updates), or ``cannot judge: ...`` with what to do."""
+        tolerance = AGREEMENT[torch.float16 if self.amp_dtype == "fp16" else torch.bfloat16]
+        if self.output_rel_diff > tolerance:
+            return "DISAGREE"
+        if not self.discerning:
+            return (f"cannot judge: fp32's own loss curve moved {self.fp32_spread:.0%} when its "
+                    "weights moved by one rounding step, so no gap AMP leaves can be told from "
+                    "rounding; check on more data per step (a larger batch) or over more steps")
         if self.agrees:
             return "agree"
-        tolerance = AGREEMENT[torch.float16 if self.amp_dtype == "fp16" else torch.bfloat16]
-        if self.output_rel_diff > tolerance or self.judged:
+        if self.judged:
             return "DISAGREE"
         n = len(self.skipped_steps)
         return (f"cannot judge: {sum(self.skipped_steps)} of {n} AMP steps skipped by the "
@@ -1417,7 +1432,7 @@ def _run(model: nn.Module, initial: dict, batch: Batch, loss_fn: LossFn | None,
     # a run that compared too few applied AMP updates (the scaler skipped the others) is not
     # judged: its losses are those of the initial weights
     report.agrees = (rel <= AGREEMENT[dtype] and math.isfinite(gap)
-                     and gap <= report.loss_tolerance and report.judged)
+                     and gap <= report.loss_tolerance and report.judged and report.discerning)
     report.advice = _advice(report, info, dtype)
     return report
 

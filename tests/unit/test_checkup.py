@@ -111,6 +111,25 @@ def test_the_fp16_hazard_is_found_in_the_module_that_overflows(hazard):
     assert ("you asked for it" in hazard.dtype_why) == (preferred != "fp16")
 
 
+def test_where_fp32_itself_moves_too_much_the_curves_are_not_judged():
+    # issue 59: the loss limit grew with fp32's own spread without bound, so a model whose fp32
+    # loss jumps from one rounding step of its weights was said to "agree". Here the loss is a
+    # fast sine of the output: a nudge of one bf16 rounding step moves it arbitrarily, while the
+    # outputs themselves agree to a rounding step
+    def chaotic(out, target):
+        return torch.sin(1e5 * (out - target)).pow(2).mean()
+
+    torch.manual_seed(0)
+    report = amp_checkup(nn.Linear(8, 1), (torch.randn(16, 8), torch.zeros(16, 1)), chaotic,
+                         dtype=torch.bfloat16, **{**OPTIONS, "steps": 4})
+    assert report.output_rel_diff < AGREEMENT[torch.bfloat16]  # the outputs agree
+    assert report.loss_tolerance > checkup_module.MAX_LOSS_TOLERANCE and not report.discerning
+    assert not report.agrees and report.verdict.startswith("cannot judge: fp32's own loss curve")
+    assert "larger batch" in report.verdict
+    # where fp32's spread leaves a limit that says something, the same report would be judged
+    assert dataclasses.replace(report, fp32_spread=0.01).discerning
+
+
 def test_following_the_advice_makes_fp16_agree_with_fp32(fixed):
     # 3 steps: the scaler skips the first two, so nothing but the initial weights was compared;
     # the check-up says so and how many steps to run, and with those it judges
