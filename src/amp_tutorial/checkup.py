@@ -310,6 +310,7 @@ class ModuleRange:
     rounding: float  # the AMP dtype's rounding step at the typical value / spread over samples
     overflows_fp16: bool
     rounds_signal_away: bool
+    returns_tuple: bool = False  # the module returns a tuple (an LSTM's (output, (h, c)))
 
 
 @dataclass(frozen=True)
@@ -676,12 +677,16 @@ def _scale(value: float) -> str:
     return f"{value:.0f}" if value >= 1 and float(value).is_integer() else repr(float(value))
 
 
-def _keep_in_fp32(module: str, kind: str, why: str, op: str | None = None) -> Advice:
-    """The line that keeps ``module`` in fp32 (for MODEL: the ``op`` in its own forward)."""
+def _keep_in_fp32(module: str, kind: str, why: str, op: str | None = None,
+                  returns_tuple: bool = False) -> Advice:
+    """The line that keeps ``module`` in fp32 (for MODEL: the ``op`` in its own forward); a
+    module that returns a tuple (an LSTM's ``(output, (h, c))``) unpacks it, so the line
+    pastes where its call was."""
     if module == MODEL:
         return Advice(f'with torch.autocast("{kind}", enabled=False):  # around the {op} in the '
                       "model's own forward, its inputs .float(): that op in fp32", why)
-    return Advice(f'with torch.autocast("{kind}", enabled=False): h = '
+    target = "h, *rest" if returns_tuple else "h"
+    return Advice(f'with torch.autocast("{kind}", enabled=False): {target} = '
                   f"{_attribute(module)}(h.float())  # keep {module} in fp32 (or decorate its "
                   f'forward with @torch.amp.custom_fwd(device_type="{kind}", '
                   "cast_inputs=torch.float32))", why)
@@ -959,6 +964,7 @@ class _ModuleWatch:
         self.phase = "(loss)"
         self.dtype = dtype  # given: measure each output and its gradient (numbers, no tensors)
         self.outputs: dict[str, tuple[float, float]] = {}  # name -> (max |output|, rounding)
+        self.tuples: set[str] = set()  # modules whose output is a tuple or list
         self.grads: dict[str, tuple[float, float, float, torch.Tensor]] = {}  # max, 2 shares,
         # and a strided sample of the nonzero |gradient| values for the scale's quantile
 
@@ -977,6 +983,7 @@ class _ModuleWatch:
         def hook(_module: nn.Module, _args: object, output: object) -> None:
             self.stack.pop()
             if isinstance(output, (tuple, list)):  # LSTM (out, (h, c)), attention (out, w)
+                self.tuples.add(name)
                 output = next((t for t in output if isinstance(t, torch.Tensor)), None)
             if (self.dtype is not None and isinstance(output, torch.Tensor)
                     and output.is_floating_point()):
@@ -1028,7 +1035,8 @@ def _ranges(watch: _ModuleWatch, dtype: torch.dtype) -> list[ModuleRange]:
         first_rounded = rounding > ROUNDING_LIMIT and not rounded  # later ones inherit it
         rounded = rounded or first_rounded
         rows.append(ModuleRange(name, type(module).__name__, act_max, grad_max, below_tiny,
-                                below_smallest, rounding, act_max > FP16_MAX, first_rounded))
+                                below_smallest, rounding, act_max > FP16_MAX, first_rounded,
+                                name in watch.tuples))
     return rows
 
 
@@ -1195,6 +1203,7 @@ def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advic
                                  f"({report.final_scale:g}); {scale:g} is at most the largest "
                                  "safe scale of the parameters' gradients")))
     ranged = report.range_flagged
+    tuples = {r.module for r in report.ranges if r.returns_tuple}
     for r in report.ranges:
         if r.module not in ranged:
             continue
@@ -1202,7 +1211,8 @@ def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advic
                if r.overflows_fp16 and name == "fp16" else
                f"{r.module} ({r.type}): {name}'s rounding step is {r.rounding:.3g}x the spread "
                "of its outputs across samples, so the signal is rounded away")
-        out.append(_keep_in_fp32(r.module, kind, why, op="op that makes its output"))
+        out.append(_keep_in_fp32(r.module, kind, why, op="op that makes its output",
+                                 returns_tuple=r.returns_tuple))
     for module in report.flagged:
         if module in ranged:
             continue
@@ -1211,7 +1221,7 @@ def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advic
                + ("" if module == MODEL or report.first_nonfinite else
                   f" (the output of {module} comes out finite, but not right)"))
         out.append(_keep_in_fp32(module, kind, why, op=report.op_overflows[0].op
-                                 if module == MODEL else None))
+                                 if module == MODEL else None, returns_tuple=module in tuples))
     if overflow and name == "fp16" and bf16_native:
         out.append(Advice(f'with torch.autocast(device_type="{kind}", dtype=torch.bfloat16):  '
                           "# instead of fp16, no GradScaler",
@@ -1224,7 +1234,10 @@ def _advice(report: Checkup, info: DeviceInfo, dtype: torch.dtype) -> list[Advic
                           report.verdict.split("; ")[0]))
     loss_ops = [op for op in report.ops if op.where == "(loss)" and op.op != "_to_copy"]
     if loss_ops and loss_ops[-1].output == name:
-        out.append(Advice("loss = loss_fn(output.float(), targets)",
+        # .float() alone is undone by autocast where the loss itself calls an op it lowers (a
+        # matmul, as a contrastive loss's similarity has): the region is off around it
+        out.append(Advice(f'with torch.autocast("{kind}", enabled=False): '
+                          "loss = loss_fn(output.float(), targets)",
                           f"the loss was computed in {name}; in fp32 it keeps its precision"))
     fp32_matmuls = report.fp32_matmuls
     if (fp32_matmuls and kind == "cuda" and not info.is_rocm

@@ -681,6 +681,65 @@ def autocast_error(module, x):
     return None
 
 
+class PairStem(nn.Module):
+    """A module that returns a tuple, as an LSTM ``(output, (h, c))`` or an attention
+    ``(output, weights)`` does: raw counts in, outputs past 65504."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(32, 8) * 0.5)
+
+    def forward(self, x):
+        y = x @ self.weight.t()
+        return y, y.detach().abs().amax()
+
+
+class TupleStem(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.norm, self.head = PairStem(), nn.LayerNorm(32), nn.Linear(32, 1)
+
+    def forward(self, x):
+        h, _ = self.stem(x)
+        return self.head(self.norm(h))
+
+
+def similarity_loss(out, target):
+    """A loss that calls a matmul (a contrastive loss's similarity matrix)."""
+    return ((out @ out.t()) - target @ target.t()).pow(2).mean()
+
+
+def test_a_loss_computed_low_is_advised_into_an_fp32_region_that_holds():
+    # issue 59: "loss = loss_fn(output.float(), targets)" was advised for a loss built on a
+    # matmul, where autocast lowers the matmul again and the .float() changes nothing
+    torch.manual_seed(0)
+    x = torch.randn(16, 8)
+    report = amp_checkup(nn.Linear(8, 4), (x, torch.randn(16, 4)), similarity_loss,
+                         dtype=torch.bfloat16, **OPTIONS)
+    [line] = [a.line for a in report.advice if "loss_fn(output.float()" in a.line]
+    assert line == ('with torch.autocast("cpu", enabled=False): '
+                    "loss = loss_fn(output.float(), targets)")
+    out, target = torch.randn(16, 4), torch.randn(16, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert similarity_loss(out.float(), target).dtype == torch.bfloat16  # .float() undone
+        with torch.autocast("cpu", enabled=False):  # the advised line, as written
+            assert similarity_loss(out.float(), target).dtype == torch.float32
+
+
+def test_the_fp32_line_for_a_module_that_returns_a_tuple_unpacks_it():
+    # issue 59: the keep-in-fp32 line assigned an LSTM's (output, (h, c)) to h, which then broke
+    # the next layer; the line unpacks a tuple output, so it pastes where the call was
+    torch.manual_seed(0)
+    report = amp_checkup(TupleStem(), counts_batch(), nn.functional.mse_loss,
+                         dtype=torch.float16, **OPTIONS)
+    assert report.flagged == ["stem"]
+    assert [r.returns_tuple for r in report.ranges if r.module == "stem"] == [True]
+    [line] = [a.line for a in report.advice if "keep stem in fp32" in a.line]
+    assert 'enabled=False): h, *rest = self.stem(h.float())' in line
+    # and a module that returns one tensor is assigned as before
+    assert not any(r.returns_tuple for r in report.ranges if r.module != "stem")
+
+
 def test_an_lstm_that_bf16_autocast_cannot_run_here_is_one_plain_line():
     """oneDNN's LSTM has no bf16 primitive on a CPU without AVX-512 (the Zen 3): "could not create
     a primitive descriptor". Where it raises, the answer is a line naming the LSTM, and following
