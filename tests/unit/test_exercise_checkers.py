@@ -54,6 +54,24 @@ def test_a_crash_is_reported_not_raised(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", list(CHECKS))
+def test_a_stub_is_named_as_not_written_yet_after_one_scenario(name: str) -> None:
+    """issue 61: the lesson's stub raised in every scenario, so a check of it took about 70 s
+    and said "raised NotImplementedError" once per scenario."""
+    calls = []
+
+    def stub(*args, **kwargs):
+        calls.append(1)
+        raise NotImplementedError("your code here")
+
+    for check in CHECKS[name]:
+        calls.clear()
+        result = check(stub)
+        assert result.keys == {checking.UNFINISHED}, str(result)
+        assert "is not written yet" in str(result) and "your code here" in str(result)
+        assert len(calls) == 1, (name, len(calls))  # stopped at the first scenario
+
+
+@pytest.mark.parametrize("name", list(CHECKS))
 def test_an_endless_loop_is_stopped_and_named(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(checking, "TIME_LIMIT_S", 0.2)
 

@@ -38,6 +38,7 @@ from amp_tutorial.progress import read_attempts, record_attempt
 
 RAISED = "raised"
 TIMED_OUT = "timed-out"
+UNFINISHED = "not-written-yet"  # the exercise's stub still raises NotImplementedError
 WRONG_RETURN = "wrong-return"
 # What a call left behind (:func:`left_behind`): one key per kind, the same in every checker.
 AUTOCAST_LEFT_CHANGED = "autocast-state-left-changed"
@@ -161,6 +162,12 @@ class Attempt:
     def timed_out(self) -> bool:
         return isinstance(self.error, LearnerTimeout)
 
+    @property
+    def ends_check(self) -> bool:
+        """A run after which the other scenarios would only say the same (:func:`stops`): past
+        the time limit, or the stub not written yet."""
+        return self.timed_out or isinstance(self.error, NotImplementedError)
+
 
 def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Attempt:
     """Call ``fn(*args, **kwargs)`` under :data:`TIME_LIMIT_S` (read at each call), and within
@@ -214,6 +221,11 @@ def error_problem(run: Attempt, name: str, after_others: bool = False) -> Proble
     """
     if run.error is None:
         return None
+    if isinstance(run.error, NotImplementedError):  # the exercise's stub, as the lesson left it
+        return Problem.named(
+            UNFINISHED, f"{name} is not written yet: it raised NotImplementedError "
+            f"({run.error}).", "The checker runs it beside the reference answer once it "
+            "returns.", "replace the `raise NotImplementedError(...)` line with your code.")
     if plain := scaler_assert(run.error):
         if after_others:
             return None
@@ -236,6 +248,13 @@ def error_problem(run: Attempt, name: str, after_others: bool = False) -> Proble
             "checker stopped it.", why, "make every loop run a fixed number of times.")
     cause = " (probably a consequence of the mistake named above)" if after_others else ""
     return Problem(RAISED, f"{name} raised {type(run.error).__name__}{cause}: {run.error}")
+
+
+def stops(problems: Iterable[Problem]) -> bool:
+    """Whether the other scenarios would only say these problems again, so a check stops here:
+    a run past the time limit (one endless loop is enough to wait for), or a stub not written
+    yet (it would raise the same in every scenario)."""
+    return any(p.key in (TIMED_OUT, UNFINISHED) for p in problems)
 
 
 def type_problem(value: Any, expected: type | tuple[type, ...], name: str, what: str,
@@ -628,13 +647,13 @@ class Exercise:
 
     def check(self, scenarios: Iterable[S], problems_of: Callable[[S], list[Problem]],
               name_of: Callable[[S], str] = lambda scenario: scenario.name) -> CheckResult:
-        """Run ``problems_of`` on each scenario in turn (stopping after one that ran past the
-        time limit: one endless loop is enough to wait for), then :meth:`report`."""
+        """Run ``problems_of`` on each scenario in turn (stopping where :func:`stops` says the
+        rest would only repeat it), then :meth:`report`."""
         found = []
         for scenario in scenarios:
             problems = problems_of(scenario)
             found.append((name_of(scenario), problems))
-            if any(p.key == TIMED_OUT for p in problems):
+            if stops(problems):
                 break
         return self.report(found)
 
