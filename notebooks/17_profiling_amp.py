@@ -323,12 +323,10 @@ assert flops_per_step(4 * batch) == 4 * flops  # four times the tokens, four tim
 # fused AdamW, + `torch.compile`, + CUDA graphs (CUDA only), 4x the batch, the other 16-bit
 # dtype, pure bf16. Each rung is a fresh seeded model, timed for a short budget and profiled for
 # 3 steps. The compiled rungs are left out here (compiling takes minutes; `pdm run ladder` runs
-# them all); the larger batch, the other dtype and pure bf16 run eager instead. The rungs run one
-# after another, so a load that comes or goes meanwhile (a class shares the machine) moves some
-# and not others: their ms/step and MFU are each rung's own. The ratios against fp32 come from
-# a second pass, as lesson 03 times: the eager rungs at fp32's tokens per step, built again,
-# take turns step by step with fp32 and a second fp32 model (the control; `compare_rungs`);
-# where no ratio can be stated, the answers recorded on machines of your kind follow it.
+# them all); the larger batch, the other dtype and pure bf16 run eager instead. Each rung's
+# ms/step and MFU are its own run's; the ratios against fp32 come from a second pass, timed as in
+# lesson 03: the eager rungs at fp32's tokens, built again, take turns with fp32 and a second
+# fp32 model (`compare_rungs`), with the answers recorded on machines like yours where none is.
 
 # %%
 from amp_tutorial.ceiling import SIZES, matmul_ceiling
